@@ -1,0 +1,195 @@
+"""Strict decoding of YAML mappings: every key known, every value checked.
+
+A :class:`Reader` wraps one mapping of one document. Each ``req``/``opt`` call consumes a key
+and checks its value; ``done()`` refuses any key left over. Every failure is a
+:class:`~jkernel.errors.Refusal` with code R1 naming the file, the key's document path and
+what is allowed, so nothing is half-built from a bad document.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from ..errors import Refusal
+
+_MISSING = object()
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats such as ``7.0e3`` and ``1e-6``.
+
+    PyYAML follows YAML 1.1, where an exponent needs a sign and a dot, so ``7.0e3`` would be
+    read as a string; the catalog's documents (written for a YAML 1.2 reader) use both forms.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                |[-+]?\.(?:inf|Inf|INF)
+                |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def refuse(reason: str, *, file: str | None, field: str | None, code: str = "R1") -> Refusal:
+    return Refusal(code, reason, field=field, file=file)
+
+
+def load_yaml_documents(text: str, file: str | None) -> list[Any]:
+    """Parse a YAML stream into its documents, turning syntax errors into R1 refusals."""
+    try:
+        return list(yaml.load_all(text, Loader=_Loader))
+    except yaml.YAMLError as exc:
+        raise refuse(f"not valid YAML: {exc}", file=file, field=None) from None
+
+
+def read_yaml_file(path, code_missing: str = "R2", what: str = "document") -> tuple[Any, str]:
+    """Read one single-document YAML file; a missing file is refused with ``code_missing``."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise Refusal(code_missing, f"{what} not found at {p}", file=str(p))
+    docs = load_yaml_documents(p.read_text(), str(p))
+    if len(docs) != 1:
+        raise refuse(f"expected exactly one YAML document, found {len(docs)}", file=str(p),
+                     field=None)
+    return docs[0], str(p)
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+class Reader:
+    """Consumes the keys of one mapping with type and range checks.
+
+    Args:
+      data: the mapping (anything else is refused).
+      file: the file the document came from (None for in-memory documents).
+      path: the document path of this mapping, e.g. ``"pools[0].engine"`` ("" at top level).
+      comments: accept and discard ``_comment`` / ``_comment_*`` keys (chip, fabric, storage).
+    """
+
+    def __init__(self, data: Any, file: str | None, path: str = "", *, comments: bool = False):
+        self.file = file
+        self.path = path
+        if not isinstance(data, Mapping):
+            raise refuse(f"expected a mapping, got {_type_name(data)}", file=file,
+                         field=path or None)
+        self.data = dict(data)
+        self.used: set[str] = set()
+        self.allowed: list[str] = []
+        if comments:
+            for key in self.data:
+                if isinstance(key, str) and (key == "_comment" or key.startswith("_comment_")):
+                    self.used.add(key)
+
+    # -- paths and errors -------------------------------------------------------------
+    def field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str | None, reason: str, code: str = "R1") -> Refusal:
+        return refuse(reason, file=self.file, field=self.field(key) if key else (self.path or None),
+                      code=code)
+
+    # -- raw access -------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str, default: Any = _MISSING, *, required: bool = False) -> Any:
+        self.allowed.append(key)
+        if key not in self.data:
+            if required:
+                raise self.error(key, "required key is missing")
+            return None if default is _MISSING else default
+        self.used.add(key)
+        return self.data[key]
+
+    # -- typed access -----------------------------------------------------------------
+    def str(self, key: str, default: Any = _MISSING, *, required: bool = False,
+            choices: Sequence[str] | None = None) -> Any:
+        v = self.raw(key, default, required=required)
+        if key not in self.data:
+            return v
+        if not isinstance(v, str):
+            raise self.error(key, f"expected a string, got {_type_name(v)} {v!r}")
+        if choices is not None and v not in choices:
+            raise self.error(key, f"{v!r} is not allowed; allowed: {', '.join(choices)}")
+        return v
+
+    def int(self, key: str, default: Any = _MISSING, *, required: bool = False,
+            minimum: int | None = None) -> Any:
+        v = self.raw(key, default, required=required)
+        if key not in self.data:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(key, f"expected an integer, got {_type_name(v)} {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.error(key, f"{v} is out of range; allowed: an integer ≥ {minimum}")
+        return v
+
+    def num(self, key: str, default: Any = _MISSING, *, required: bool = False,
+            minimum: float | None = None, positive: bool = False,
+            maximum: float | None = None) -> Any:
+        v = self.raw(key, default, required=required)
+        if key not in self.data:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.error(key, f"expected a finite number, got {_type_name(v)} {v!r}")
+        if positive and not v > 0:
+            raise self.error(key, f"{v} is out of range; allowed: a number > 0")
+        if minimum is not None and v < minimum:
+            raise self.error(key, f"{v} is out of range; allowed: a number ≥ {minimum}")
+        if maximum is not None and v > maximum:
+            raise self.error(key, f"{v} is out of range; allowed: a number ≤ {maximum}")
+        return float(v)
+
+    def bool(self, key: str, default: Any = _MISSING, *, required: bool = False) -> Any:
+        v = self.raw(key, default, required=required)
+        if key not in self.data:
+            return v
+        if not isinstance(v, bool):
+            raise self.error(key, f"expected true or false, got {_type_name(v)} {v!r}")
+        return v
+
+    def list(self, key: str, default: Any = _MISSING, *, required: bool = False,
+             min_len: int = 0) -> Any:
+        v = self.raw(key, default, required=required)
+        if key not in self.data:
+            return v
+        if not isinstance(v, list):
+            raise self.error(key, f"expected a list, got {_type_name(v)}")
+        if len(v) < min_len:
+            raise self.error(key, f"needs at least {min_len} item(s)")
+        return v
+
+    def str_list(self, key: str, default: Any = _MISSING, *, required: bool = False,
+                 min_len: int = 0) -> Any:
+        v = self.list(key, default, required=required, min_len=min_len)
+        if key not in self.data:
+            return v
+        for i, item in enumerate(v):
+            if not isinstance(item, str):
+                raise self.error(f"{key}[{i}]", f"expected a string, got {_type_name(item)}")
+        return tuple(v)
+
+    def sub(self, key: str, *, required: bool = False, comments: bool = False) -> "Reader | None":
+        v = self.raw(key, required=required)
+        if key not in self.data or v is None and not required:
+            return None
+        return Reader(v, self.file, self.field(key), comments=comments)
+
+    def done(self) -> None:
+        unknown = [k for k in self.data if k not in self.used]
+        if unknown:
+            allowed = ", ".join(sorted(set(self.allowed))) or "(none)"
+            raise self.error(str(unknown[0]), f"unknown key {unknown[0]!r}; allowed here: "
+                             f"{allowed}")

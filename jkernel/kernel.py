@@ -1,0 +1,395 @@
+"""``Kernel``: what a simulator holds for one pool, and the entry points that build one.
+
+``open(bundle)`` builds the colocated pool's kernel, ``open_pool(bundle, role)`` one pool of a
+disaggregated deployment, ``open_inputs(bundle)`` loads the documents without building.
+A kernel is immutable: every method is a pure function of its arguments.
+
+Speed: ``step_time`` runs one jitted program per request bucket, fed with the params packed
+into one array and the batch into two, so a call costs a few microseconds of dispatch;
+``price_many`` ``vmap``s the same step function over many batches in bounded chunks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import memory as _memory
+from . import overheads as _overheads
+from .batch import DEFAULT_BUCKETS, Batch, bucket_for
+from .catalog import Repos
+from .documents.coefficients import EVIDENCED
+from .errors import Refusal
+from .params import Params
+from .plan import Plan
+from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
+from .step import RESOURCES, BatchArrays, StepEstimate, StepOptions, make_step_fn
+
+__all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
+           "enable_compilation_cache"]
+
+_PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
+    ("bottleneck",)
+
+
+def enable_x64() -> None:
+    """Turn on float64 in JAX (the spec's arithmetic). Called by the entry points."""
+    if not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
+    """Persist compiled step programs across processes in ``path`` (default
+    ``$JKERNEL_CACHE_DIR`` or ``~/.cache/jkernel/xla``). Returns the directory used."""
+    path = str(path or os.environ.get("JKERNEL_CACHE_DIR")
+               or os.path.join(os.path.expanduser("~"), ".cache", "jkernel", "xla"))
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def _entry() -> None:
+    enable_x64()
+    if os.environ.get("JKERNEL_CACHE_DIR"):
+        enable_compilation_cache()
+
+
+class _Compiled:
+    """The jitted programs of one (plan, options, parameter names): shared by every kernel
+    with that structure, so ``with_params`` never recompiles."""
+
+    def __init__(self, plan: Plan, options: StepOptions, names: tuple[str, ...]):
+        self.step_fn = make_step_fn(plan, options)
+        self.names = names
+        self.traces = 0
+        step_fn = self.step_fn
+
+        def unpack(flat) -> Params:
+            return Params(dict(zip(names, [flat[..., i] for i in range(len(names))])))
+
+        def pack(est: StepEstimate):
+            dt = est.no_overlap_s.dtype
+            cols = [est.overlap_s, est.no_overlap_s, est.expected_s] + \
+                [est.per_resource_s[r] for r in RESOURCES] + [est.bottleneck.astype(dt)]
+            return jnp.stack(jnp.broadcast_arrays(*cols), axis=-1)
+
+        def one(flat, ints, scal):
+            self.traces += 1                       # runs at trace time only
+            batch = BatchArrays(ints[0], ints[1], ints[1], ints[0] > 0, scal[0], scal[1],
+                                scal[2])
+            return pack(step_fn(unpack(flat), batch))
+
+        self.unpack = unpack
+        self.pack = pack
+        self.one = jax.jit(one)
+        many = jax.vmap(one, in_axes=(None, 0, 0))
+        self.many = jax.jit(many)
+        self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None)))
+        self.jit_step = jax.jit(step_fn)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(plan: Plan, options: StepOptions, names: tuple[str, ...]) -> _Compiled:
+    return _Compiled(plan, options, names)
+
+
+def _estimate(row: np.ndarray) -> StepEstimate:
+    vals = [float(x) for x in row]
+    per = dict(zip(RESOURCES, vals[3:8]))
+    return StepEstimate(vals[0], vals[1], vals[2], per, int(vals[8]))
+
+
+def _estimates(rows: np.ndarray) -> StepEstimate:
+    per = {r: rows[..., 3 + i] for i, r in enumerate(RESOURCES)}
+    return StepEstimate(rows[..., 0], rows[..., 1], rows[..., 2], per,
+                        rows[..., 8].astype(np.int32))
+
+
+class Kernel:
+    """One pool's cost model. Build it with :func:`open` / :func:`open_pool` / :func:`new`.
+
+    Attributes:
+      plan: the static :class:`~jkernel.plan.Plan` (hashable; jit treats it as static).
+      params: the :class:`~jkernel.params.Params` pytree the kernel prices with (SI units).
+      step_fn: the pure function ``step_fn(params, batch_arrays) -> StepEstimate``.
+      inputs: the documents the kernel was built from (``inputs.chip`` for the memory size).
+      settings: the engine settings the kernel used (block size, scheduler limits…).
+    """
+
+    def __init__(self, resolved: Resolved, *, options: StepOptions = StepOptions(),
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, params: Params | None = None):
+        self._r = resolved
+        self.plan = resolved.plan
+        self.options = options
+        self.buckets = tuple(sorted(buckets))
+        self.params = resolved.params if params is None else params
+        if set(self.params) != set(resolved.params):
+            raise ValueError("params must have exactly the kernel's names: "
+                             f"{sorted(resolved.params)}")
+        self._c = _compiled(self.plan, options, tuple(self.params))
+        self.step_fn = self._c.step_fn
+        self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
+
+    # -- construction helpers -----------------------------------------------------------
+    def with_params(self, params: Params) -> "Kernel":
+        """A kernel that prices with ``params`` (same names); shares compiled programs."""
+        return Kernel(self._r, options=self.options, buckets=self.buckets, params=params)
+
+    def with_options(self, options: StepOptions) -> "Kernel":
+        return Kernel(self._r, options=options, buckets=self.buckets, params=self.params)
+
+    @property
+    def inputs(self) -> Inputs:
+        return self._r.inputs
+
+    @property
+    def settings(self) -> dict:
+        return dict(self._r.settings)
+
+    @property
+    def trace_count(self) -> int:
+        """How many times the packed step programs were traced (a recompilation guard)."""
+        return self._c.traces
+
+    # -- the step ---------------------------------------------------------------------------
+    def batch_arrays(self, batch: Batch, bucket: int | None = None) -> BatchArrays:
+        """``batch`` padded to its bucket, as jnp :class:`BatchArrays` for ``step_fn``."""
+        size = bucket if bucket is not None else bucket_for(len(batch), self.buckets)
+        return BatchArrays(*(jnp.asarray(x) for x in batch.pad_to(size)))
+
+    def _ints(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+        n = len(batch)
+        size = bucket_for(n, self.buckets)
+        ints = np.zeros((2, size), np.int32)
+        ints[0, :n] = batch.scheduled
+        ints[1, :n] = batch.computed
+        scal = np.array([batch.decode_threshold, batch.sm_budget, batch.pad_tokens], np.int32)
+        return ints, scal
+
+    def step_time(self, batch: Batch) -> StepEstimate:
+        """Price one step (jitted; one program per bucket). Fields are Python floats."""
+        if not isinstance(batch, Batch):
+            raise TypeError(f"step_time takes a jkernel.Batch, not {type(batch).__name__}")
+        ints, scal = self._ints(batch)
+        return _estimate(np.asarray(self._c.one(self._flat, ints, scal)))
+
+    def warm_up(self, buckets: Sequence[int] | None = None) -> None:
+        """Compile the step program for every bucket ahead of time."""
+        scal = np.array([1, 0, 0], np.int32)
+        for size in buckets or self.buckets:
+            self._c.one(self._flat, np.zeros((2, size), np.int32), scal).block_until_ready()
+
+    def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
+                   computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
+                   pad_tokens=0, chunk: int = 32768, dtype=None) -> StepEstimate:
+        """Price many batches with one vmapped program, in chunks of ``chunk`` batches.
+
+        Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
+        ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
+        scalars may be ints or arrays of shape ``(batches,)``. ``dtype=jnp.float32`` prices
+        in single precision. Returns a :class:`StepEstimate` of numpy arrays ``(batches,)``.
+        """
+        ints, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
+                                       sm_budget, pad_tokens)
+        flat = self._flat if dtype is None else self._flat.astype(dtype)
+        return _estimates(self._chunked(lambda i, s: self._c.many(flat, i, s), ints, scal,
+                                        chunk))
+
+    def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
+                    computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
+                    chunk: int = 8192) -> StepEstimate:
+        """Price the same batches under many parameter sets in one call.
+
+        ``params``: a list of :class:`Params` (same names as the kernel's), or one Params
+        whose leaves have a leading axis. Returns arrays of shape ``(param_sets, batches)``.
+        """
+        if not isinstance(params, Params):
+            params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params)
+        if tuple(params) != self._c.names:
+            raise ValueError("params must have exactly the kernel's names")
+        flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
+        ints, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
+                                       sm_budget, pad_tokens)
+        rows = self._chunked(lambda i, s: self._c.sweep(flat, i, s), ints, scal, chunk,
+                             axis=1)
+        return _estimates(rows)
+
+    def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
+                     pad_tokens) -> tuple[np.ndarray, np.ndarray]:
+        if batches is not None:
+            if scheduled is not None or computed is not None:
+                raise ValueError("give either batches or scheduled/computed arrays, not both")
+            width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
+            ints = np.zeros((len(batches), 2, width), np.int32)
+            scal = np.zeros((len(batches), 3), np.int32)
+            for j, b in enumerate(batches):
+                ints[j, 0, :len(b)] = b.scheduled
+                ints[j, 1, :len(b)] = b.computed
+                scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
+            return ints, scal
+        if scheduled is None:
+            raise ValueError("price_many needs batches or a scheduled array")
+        s = np.asarray(scheduled)
+        c = np.zeros_like(s) if computed is None else np.asarray(computed)
+        if s.ndim != 2 or c.shape != s.shape:
+            raise ValueError(f"scheduled and computed must both have shape (batches, requests)"
+                             f", got {s.shape} and {c.shape}")
+        for name, a in (("scheduled", s), ("computed", c)):
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                raise ValueError(f"{name} holds NaN or infinite values")
+            if a.size and a.min() < 0:
+                raise ValueError(f"{name} must be ≥ 0")
+        ints = np.stack([s, c], axis=1).astype(np.int32)
+        nb = s.shape[0]
+        scal = np.stack([np.broadcast_to(np.asarray(x, np.int64), (nb,))
+                         for x in (decode_threshold, sm_budget, pad_tokens)], axis=1)
+        scal = scal.astype(np.int32)
+        scal[:, 2] = np.maximum(scal[:, 2], 0)
+        return ints, scal
+
+    @staticmethod
+    def _chunked(fn, ints: np.ndarray, scal: np.ndarray, chunk: int, axis: int = 0):
+        n = ints.shape[0]
+        if n == 0:
+            raise ValueError("no batches to price")
+        size = min(chunk, n)
+        outs = []
+        for start in range(0, n, size):
+            i, s = ints[start:start + size], scal[start:start + size]
+            short = size - i.shape[0]
+            if short:   # pad the last chunk so every chunk runs the same program
+                i = np.concatenate([i, np.zeros((short,) + i.shape[1:], i.dtype)])
+                s = np.concatenate([s, np.tile(s[-1:], (short, 1))])
+            out = np.asarray(fn(i, s))
+            outs.append(out.take(np.arange(size - short), axis=axis) if short else out)
+        return np.concatenate(outs, axis=axis)
+
+    # -- memory (memory.md) -----------------------------------------------------------------
+    def fixed_bytes(self) -> _memory.MemoryBreakdown:
+        return _memory.fixed_bytes(self._r.memory, self.params)
+
+    def sequence_variable_bytes(self, tokens: int) -> int:
+        return _memory.sequence_variable_bytes(
+            self.plan, self._r.memory, int(tokens),
+            dcp_shards_all_kv_layers=self._r.settings["dcp_shards_all_kv_layers"])
+
+    def sequence_fixed_bytes(self) -> int:
+        return _memory.sequence_fixed_bytes(self._r.memory)
+
+    def page_bytes(self) -> int:
+        """One KV page: ``sequence_variable_bytes(block_size)``."""
+        return self.sequence_variable_bytes(self.plan.block_size)
+
+    def kv_bytes_per_token(self) -> float:
+        """Whole-model KV bytes per token per rank (kvB, memory.md §1)."""
+        return self.plan.kv_bytes_per_token
+
+    def kv_cache_pages(self) -> int:
+        """Pages left for the KV cache per rank (memory.md §5)."""
+        return _memory.kv_cache_pages(self.inputs.chip.memory_bytes,
+                                      self._r.settings["gpu_memory_utilization"],
+                                      self.fixed_bytes().total(), self.page_bytes())
+
+    # -- around a step (methods.md) ---------------------------------------------------------
+    def admission_overhead(self, prompt_tokens: int) -> float:
+        return float(_overheads.admission_overhead(self.params, prompt_tokens))
+
+    def output_token_overhead(self) -> float:
+        return float(_overheads.output_token_overhead(self.params))
+
+    def completion_overhead(self) -> float:
+        return float(_overheads.completion_overhead(self.params))
+
+    def pd_transfer_time(self, tokens: int, src: _overheads.Placement,
+                         dst: _overheads.Placement) -> float:
+        """KV transfer of one request to the decode pool (call on the prefill pool, D26)."""
+        return float(_overheads.pd_transfer_time(
+            self.params, tokens, kv_bytes_per_token=self.plan.kv_bytes_per_token,
+            same_node=src.node == dst.node,
+            same_rack_domain=self._r.links["rack_domain"] and src.rack == dst.rack,
+            floor_name=self._r.settings.get("pd_floor_name")))
+
+    def tier_time(self, tier: str, direction: str, nbytes: float, queue_depth: int = 1
+                  ) -> float:
+        return float(_overheads.tier_time(self.params, self.inputs.devices.get(tier),
+                                          direction, nbytes, queue_depth))
+
+    # -- introspection (resolution.md §12) --------------------------------------------------
+    def provenance(self) -> list:
+        return list(self._r.provenance)
+
+    def evidence(self) -> tuple[int, int, list[str]]:
+        prov = self._r.provenance
+        evidenced = sum(1 for p in prov if p.method in EVIDENCED)
+        return evidenced, len(prov), [p.name for p in prov if p.method == "assumed"]
+
+    def resolved(self):
+        return self._r.resolution
+
+    def deployment(self):
+        """The pool as stated (unstated settings 0, "" or None)."""
+        return self.inputs.deployment.pools[self.inputs.pool_index]
+
+    def decode_context_parallel_width(self) -> int:
+        return self.plan.dcp
+
+    def prefill_context_parallel_width(self) -> int:
+        return self.plan.pcp
+
+    def assumption(self, name: str) -> str | None:
+        """The scope string of a kernel assumption (``"<value>: <reason>"``), or None."""
+        for p in self._r.provenance:
+            if p.set == "jkernel" and p.name == name:
+                return p.scope
+        return None
+
+    def __repr__(self) -> str:
+        sc = self.inputs.scenario
+        pool = self.deployment()
+        return (f"Kernel({sc.name}: {sc.model} on {sc.cluster.hardware}, pool "
+                f"{self.inputs.pool_index} ({pool.role}), tp {self.plan.tp}, dp "
+                f"{self.plan.dp}, ep {self.plan.ep})")
+
+
+# -- entry points ----------------------------------------------------------------------------
+
+def open_inputs(bundle: Any, repos: Repos | None = None, pool: int | str = 0) -> Inputs:
+    """Load a bundle and every document it names (resolution.md §1)."""
+    _entry()
+    return _open_inputs(bundle, repos, pool)
+
+
+def new(inputs: Inputs, **kw) -> Kernel:
+    """Validate and resolve ``inputs`` into a kernel; raises :class:`Refusal`."""
+    _entry()
+    return Kernel(resolve(inputs), **kw)
+
+
+def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
+    """The kernel of a colocated deployment's pool.
+
+    A disaggregated deployment needs one kernel per pool: that is refused here, naming
+    ``open_pool``.
+    """
+    _entry()
+    inputs = _open_inputs(bundle, repos, 0)
+    pools = inputs.deployment.pools
+    if len(pools) > 1:
+        roles = ", ".join(p.role for p in pools)
+        raise Refusal("R3", f"the deployment has {len(pools)} pools ({roles}); build one "
+                      "kernel per pool with jkernel.open_pool(bundle, role)", field="pools")
+    return Kernel(resolve(inputs), **kw)
+
+
+def open_pool(bundle: Any, pool: int | str, repos: Repos | None = None, **kw) -> Kernel:
+    """The kernel of one pool, named by its role (``prefill``, ``decode``) or index."""
+    _entry()
+    return Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw)

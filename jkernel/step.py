@@ -1,0 +1,492 @@
+"""Composing the laws into one forward pass (spec step.md; ``expected_s`` from expected.md).
+
+:func:`make_step_fn` closes over a pool's static :class:`~jkernel.plan.Plan` and returns the
+pure function ``step_fn(params, batch) -> StepEstimate``. It is traceable (``jit``,
+``vmap``, ``grad``), never branches on values, and never raises: a zero rate with positive
+work gives ``+inf``; zero work costs zero (D5).
+
+Shapes: ``batch`` holds request arrays of shape ``(R,)`` (``R`` = the bucket size) and
+scalars; under ``vmap`` every field gains leading batch axes and so does the estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import laws
+from .plan import EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, Plan
+
+__all__ = ["RESOURCES", "BatchArrays", "StepEstimate", "StepOptions", "make_step_fn"]
+
+RESOURCES = ("sm", "hbm", "nvlink", "nic", "host")
+_SHARDABLE = ("gqa", "mla", "sparse_mla")
+_LATENT = ("mla", "sparse_mla")
+
+
+class BatchArrays(NamedTuple):
+    """A batch as padded arrays (a pytree).
+
+    ``scheduled``, ``computed``, ``prompt_len``: int arrays ``(R,)`` of tokens run this step,
+    tokens already in the KV cache, and the prompt length (carried, not read). ``mask``:
+    bool ``(R,)``, True for real requests (a request with ``scheduled = 0`` is padding anyway,
+    D32). ``decode_threshold``, ``sm_budget``, ``pad_tokens``: int scalars (step.md §1.1).
+    """
+
+    scheduled: jax.Array
+    computed: jax.Array
+    prompt_len: jax.Array
+    mask: jax.Array
+    decode_threshold: jax.Array
+    sm_budget: jax.Array
+    pad_tokens: jax.Array
+
+
+class StepEstimate(NamedTuple):
+    """The price of one step, float seconds (arrays under ``vmap``).
+
+    ``per_resource_s`` maps each of :data:`RESOURCES` to its total (zeros included; see
+    :meth:`resources` for the spec's positive-only view). ``bottleneck`` is an index into
+    :data:`RESOURCES` (strict ``>``, ties keep the earlier; ``host`` for the empty step).
+    """
+
+    overlap_s: jax.Array
+    no_overlap_s: jax.Array
+    expected_s: jax.Array
+    per_resource_s: dict
+    bottleneck: jax.Array
+
+    @property
+    def bottleneck_name(self) -> str:
+        return RESOURCES[int(self.bottleneck)]
+
+    def resources(self) -> dict[str, float]:
+        """Positive per-resource totals of one (unbatched) estimate, in resource order."""
+        out = {r: float(self.per_resource_s[r]) for r in RESOURCES}
+        pos = {r: v for r, v in out.items() if v > 0}
+        return pos if pos else {"host": out["host"]}
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Static switches of the step function (changing them recompiles).
+
+    ``smooth_temperature``: 0 prices exactly as the spec (hard maxima). A positive value
+    replaces the maxima that compose a step (stage, per-kernel compute/memory, head,
+    GPU/host) by a log-sum-exp with temperature ``smooth_temperature × Σ(args)``, for
+    calibration by gradient; it tends to the hard max as the value tends to 0.
+    ``expected_refinements``: expected.md's structure refinements 1–5 (True by default).
+    ``expected_routed_max``: price routed experts at max(compute, memory) in ``expected_s``
+    (False adds them as step.md's edges do).
+    """
+
+    smooth_temperature: float = 0.0
+    expected_refinements: bool = True
+    expected_routed_max: bool = True
+
+
+def _maximum(options: StepOptions, *values):
+    if options.smooth_temperature <= 0 or len(values) == 1:
+        out = values[0]
+        for v in values[1:]:
+            out = jnp.maximum(out, v)
+        return out
+    stacked = jnp.stack(jnp.broadcast_arrays(*values), axis=-1)
+    tau = options.smooth_temperature * jax.lax.stop_gradient(jnp.sum(stacked, axis=-1))
+    return laws.smooth_max(stacked, tau)
+
+
+def make_step_fn(plan: Plan, options: StepOptions = StepOptions()):
+    """Return ``step_fn(params, batch) -> StepEstimate`` for one pool's plan."""
+
+    def step_fn(params, batch: BatchArrays) -> StepEstimate:
+        return _price(plan, options, params, batch)
+
+    step_fn.plan = plan
+    step_fn.options = options
+    return step_fn
+
+
+class _Batch:
+    """Per-step reductions over the request arrays (step.md §4), computed once."""
+
+    def __init__(self, plan: Plan, batch: BatchArrays, dt):
+        s_in = jnp.asarray(batch.scheduled).astype(dt)
+        c_in = jnp.asarray(batch.computed).astype(dt)
+        live = jnp.asarray(batch.mask) & (s_in > 0)           # D32: scheduled 0 is padding
+        self.s = s = jnp.where(live, s_in, 0.0)
+        self.c = c = jnp.where(live, jnp.maximum(c_in, 0.0), 0.0)
+        self.ctx = ctx = s + c
+        walk = live & (ctx > 0)
+        thr = jnp.asarray(batch.decode_threshold).astype(dt)
+        self.pre = pre = walk & (s > thr)
+        self.dec = dec = walk & ~pre
+        self.live = live
+        self.n_live = jnp.sum(live.astype(dt), axis=-1)
+        self.tokens = jnp.sum(s, axis=-1)
+        self.any_context = jnp.any(walk & (c > 0), axis=-1)
+        self.uniform = (self.n_live > 0) & jnp.all(~live | (s == plan.uniform_decode_width),
+                                                  axis=-1)
+        if plan.pcp > 1:
+            s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
+            pairs = laws.pcp_causal_pairs(s, c, plan.pcp, plan.dcp)
+            self.chunk_s, self.chunk_c = laws.pcp_busiest_chunks(s, c, plan.pcp, plan.dcp)
+        else:
+            s_loc = s
+            pairs = laws.causal_pairs(s, c)
+            self.chunk_s, self.chunk_c = s[..., None], c[..., None]
+        zero = jnp.zeros_like(s)
+        self.causal_flops = jnp.sum(jnp.where(pre, pairs, zero), axis=-1)
+        self.prefill_tokens = jnp.sum(jnp.where(pre, s_loc, zero), axis=-1)
+        withheld = jnp.sum(jnp.where(pre, s - s_loc, zero), axis=-1)
+        self.prefill_requests = jnp.sum(pre.astype(dt), axis=-1)
+        self.decode_requests = jnp.sum(dec.astype(dt), axis=-1)
+        self.decode_tokens = jnp.sum(jnp.where(dec, s, zero), axis=-1)
+        self.decode_kv_tokens = jnp.sum(jnp.where(dec, ctx, zero), axis=-1)
+        self.t_real = self.tokens - withheld
+        self.t_pad = jnp.maximum(jnp.asarray(batch.pad_tokens).astype(dt), 0.0)
+        self.t_gemm = self.t_real + self.t_pad
+        self.empty = (self.tokens <= 0) & (self.t_pad <= 0)
+        self.sm_budget = jnp.asarray(batch.sm_budget).astype(dt)
+        self._reads: dict = {}
+        self._windowed: dict = {}
+
+    def decode_read(self, plan: Plan, att: AttentionPlan):
+        """Σ over decodes of the primary read per request (step.md §6.3), cached by shape."""
+        sig = (att.kind, att.window, att.index_topk, att.compress_ratio)
+        if sig not in self._reads:
+            read = self.ctx
+            if att.kind == "swa" and att.window > 0:
+                read = jnp.minimum(read, att.window)                          # D3
+            if att.kind == "sparse_mla":
+                t = att.index_topk if att.index_topk > 0 else att.window
+                if t > 0:
+                    read = laws.sparse_read(read, t, att.compress_ratio)
+            if plan.dcp > 1 and att.kind in _SHARDABLE:
+                read = laws.dcp_local(laws.round_half_up(read), plan.dcp, plan.interleave)
+            self._reads[sig] = jnp.sum(jnp.where(self.dec, read, 0.0), axis=-1)
+        return self._reads[sig]
+
+    def windowed(self, window: int):
+        if window not in self._windowed:
+            self._windowed[window] = laws.windowed_causal_flops(
+                self.chunk_s, self.chunk_c, window, mask=self.pre[..., None])
+        return self._windowed[window]
+
+
+def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> StepEstimate:
+    P = params["peak_flops_per_s"]
+    dt = jnp.result_type(P)
+    zero = jnp.zeros((), dt)
+    b = _Batch(plan, batch, dt)
+    refine = options.expected_refinements
+    mx = lambda *v: _maximum(options, *v)  # noqa: E731
+
+    B_hbm = params["hbm_bytes_per_s"] * params["hbm_derate"]
+    eps, m_half = params[plan.gemm_names[0]], params[plan.gemm_names[1]]
+    n_half = params[plan.gemm_names[2]] if plan.shape_aware else zero
+    k_half = params[plan.gemm_names[3]] if plan.shape_aware else zero
+    imb_raw = params.get("moe_routing_imbalance_median", zero)
+    imb = jnp.where(imb_raw > 0, imb_raw, 1.0)
+    ratio = params["nvlink_bytes_per_s"] / params["nic_bytes_per_s"]
+    sm_count = params["sm_count"]
+    budget = b.sm_budget
+    sm_derate = jnp.where((budget > 0) & (budget < sm_count),
+                          sm_count / jnp.where(budget > 0, budget, 1.0), 1.0)
+    r_g = laws.ramp(b.t_gemm, eps, m_half)
+    r_a = laws.ramp(b.t_real, eps, m_half)
+    tp = plan.tp
+    H = plan.hidden_size
+    bpt = plan.bpt_layer
+
+    def coll(key: CollectiveKey | None, group: GroupPlan, nbytes, a2a: bool):
+        """One collective launch → (nvlink_s, nic_s), priced by the measured law."""
+        if key is None:
+            return zero, zero
+        law = lambda x: laws.collective_time(x, params[key.floor], params[key.peak],  # noqa
+                                             params[key.transition])
+        if group.crosses:
+            span = (laws.a2a_span if a2a else laws.ring_span)(group.width, group.per_node,
+                                                              ratio)
+            return zero, law(nbytes * span)
+        return law(nbytes), zero
+
+    def pair(kind: str):
+        f0, r0 = params["attention_decode_floor"], params["attention_decode_rate"]
+        for k, fn, rn in plan.decode_pairs[1:]:
+            if k == kind:
+                use = params[rn] > 0
+                return jnp.where(use, params[fn], f0), jnp.where(use, params[rn], r0)
+        return f0, r0
+
+    has_dec = b.decode_requests > 0
+    has_pre = b.prefill_requests > 0
+    SM = HBM = NVL = NIC = stages = zero
+    gpu_expected = zero
+
+    for kind in plan.kinds:
+        att = kind.attention
+        gemm_flops = dense_shaped_s = weight_bytes = zero
+        routed_sm = routed_hbm = zero
+        attn_sm_s = attn_hbm_s = attn_flops = kv_fallback = recurrent_s = zero
+        nvl = nic = zero
+        exp_layer = zero
+
+        # -- dense GEMMs (§6.1) ------------------------------------------------------------
+        for g in kind.gemms:
+            n_r, k_r = (g.n / tp, g.k) if g.shard_n else (g.n, g.k / tp)
+            frac = 1.0 / tp
+            if refine:
+                frac = g.vllm_rank_fraction
+                if frac >= 1.0:
+                    n_r, k_r = g.n, g.k
+                elif g.shard_n:
+                    n_r = g.n * frac
+            if plan.shape_aware:
+                e_spec = laws.eff_shaped(b.t_gemm, (g.n / tp if g.shard_n else g.n),
+                                         (g.k if g.shard_n else g.k / tp), eps, m_half,
+                                         n_half, k_half)
+                dense_shaped_s += jnp.where(e_spec > 0, laws.safe_div(
+                    b.t_gemm * g.flops_per_token / tp, P * e_spec), 0.0)
+                e_exp = laws.eff_shaped(b.t_gemm, n_r, k_r, eps, m_half, n_half, k_half)
+            else:
+                e_exp = r_g
+            compute = jnp.where(e_exp > 0, laws.safe_div(
+                b.t_gemm * g.flops_per_token * frac, P * e_exp), 0.0) * sm_derate
+            act = b.t_gemm * (n_r + k_r) * 2.0 if refine else 0.0
+            memory = (g.weight_bytes * frac + act) / B_hbm
+            exp_layer += mx(compute, memory)
+        if not plan.shape_aware:
+            gemm_flops += b.t_gemm * kind.dense_flops_per_token / tp
+        weight_bytes += kind.dense_weight_bytes / tp
+
+        # -- mixture of experts (§6.2) -------------------------------------------------------
+        if kind.moe:
+            routed_tokens = b.t_gemm * plan.funnel
+            routed_per_rank = routed_tokens * kind.top_k * plan.local_expert_share
+            routed_flops = (routed_per_rank * kind.expert_flops_per_token_per_expert * imb
+                            / plan.dp_slice)
+            touched = laws.experts_touched(laws.round_half_up(routed_tokens),
+                                           plan.physical_experts, kind.top_k,
+                                           plan.experts_per_rank)
+            routed_bytes = kind.expert_weight_bytes_per_expert / plan.expert_tensor_shards * touched
+            routed_sm = laws.safe_div(routed_flops, P * r_g) * sm_derate
+            routed_hbm = routed_bytes / B_hbm
+            shared_flops = b.t_gemm * kind.shared_expert_flops_per_token / tp
+            gemm_flops += shared_flops
+            weight_bytes += kind.shared_expert_weight_bytes / tp
+            routed_exp = (mx(routed_sm, routed_hbm) if options.expected_routed_max
+                          else routed_sm + routed_hbm)
+            exp_layer += routed_exp + mx(laws.safe_div(shared_flops, P * r_g) * sm_derate,
+                                         kind.shared_expert_weight_bytes / tp / B_hbm)
+
+        # -- primary attention (§6.3), secondaries (§6.4) ---------------------------------
+        if att is not None:
+            f_dec, r_dec = pair(att.kind)
+            T = b.decode_read(plan, att)
+            with_rate = r_dec > 0
+            attn_hbm_s += jnp.where(has_dec & with_rate, f_dec + laws.safe_div(T * bpt, r_dec),
+                                    0.0)
+            kv_fallback = jnp.where(has_dec & ~with_rate, T * bpt, 0.0)
+            causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
+            f_p = params["attention_prefill_floor"]
+            w_p = params["attention_prefill_work_scale"]
+            scaled = w_p > 0
+            attn_work = causal * att.n_q * att.d_h / tp
+            exp_work = attn_work
+            if refine and att.kind in _LATENT and att.qk_nope_head_dim and att.v_head_dim:
+                # expected.md refinement 3: MLA prefill runs decompressed; per pair per head
+                # 2·(qk_nope + qk_rope) + 2·v_head FLOPs instead of 4·d_h.
+                per_pair = 2 * (att.qk_nope_head_dim + att.qk_rope_head_dim) + 2 * att.v_head_dim
+                exp_work = causal / 4.0 * per_pair * att.n_q / tp
+            w_safe = jnp.where(scaled, w_p, 1.0)
+            pre_sm = jnp.where(has_pre & scaled, f_p + laws.safe_div(
+                attn_work, P * r_a * w_safe) * sm_derate, 0.0)
+            exp_pre_sm = jnp.where(has_pre & scaled, f_p + laws.safe_div(
+                exp_work, P * r_a * w_safe) * sm_derate, 0.0)
+            attn_sm_s += pre_sm
+            attn_flops += jnp.where(has_pre & ~scaled, attn_work, 0.0)
+            exp_attn_flops = jnp.where(has_pre & ~scaled, exp_work, 0.0)
+            single = zero
+            if att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell:
+                cond = has_dec & has_pre & with_rate & scaled
+                dec_removed = jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)       # D4
+                pre_removed = jnp.where(cond & (f_dec > f_p), f_p, 0.0)
+                attn_hbm_s -= dec_removed
+                attn_sm_s -= pre_removed
+                single = dec_removed + pre_removed
+            for a in kind.secondaries:
+                f_a, r_a2 = pair(a.kind)
+                per_token = bpt * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
+                T2 = b.decode_kv_tokens
+                if a.window > 0:
+                    T2 = jnp.minimum(T2, a.window * b.decode_requests)
+                if a.compress_ratio > 1:
+                    T2 = T2 / a.compress_ratio
+                if plan.dcp > 1 and a.kind in _SHARDABLE:
+                    T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
+                attn_hbm_s += jnp.where(has_dec & (r_a2 > 0),
+                                        f_a + laws.safe_div(T2 * per_token, r_a2), 0.0)
+            exp_layer += (attn_hbm_s + (attn_sm_s - pre_sm + exp_pre_sm)
+                          + laws.safe_div(exp_attn_flops, P * r_a) * sm_derate
+                          + kv_fallback / B_hbm)
+            del single
+
+        # -- recurrent mixers (§6.5) --------------------------------------------------------
+        if kind.recurrent is not None:
+            for rk, fn, rn in plan.recurrent_names:
+                if rk == kind.recurrent.kind:
+                    f_r, rho = params[fn], params[rn]
+                    ok = (f_r > 0) & (rho > 0)
+                    recurrent_s = jnp.where(ok, f_r + laws.safe_div(b.t_real, rho), 0.0)
+            exp_layer += recurrent_s
+
+        # -- elementwise (§6.7) -------------------------------------------------------------
+        elementwise = b.t_gemm * kind.elementwise_bytes_per_token / tp
+        exp_layer += elementwise / B_hbm
+
+        # -- graph collectives (§6.8) -------------------------------------------------------
+        for c in kind.collectives:
+            nbytes = b.t_gemm * H * 2.0
+            if c.op == "alltoall" and kind.top_k > 0 and c.routed:
+                nbytes = nbytes * kind.top_k
+            key = plan.key(c.op, c.group)
+            dv, dn = coll(key, plan.group(c.group), nbytes, c.op == "alltoall" and c.routed)
+            nvl, nic = nvl + dv, nic + dn
+            launches = 2 if (refine and c.op == "alltoall") else 1   # refinement 5
+            exp_layer += launches * (dv + dn)
+
+        # -- DCP collectives (§6.9) and PCP gathers (§6.10) ---------------------------------
+        cp_v, cp_n = _context_parallel_collectives(plan, b, att, coll, zero)
+        nvl, nic = nvl + cp_v, nic + cp_n
+        exp_layer += cp_v + cp_n
+
+        # -- composition (§6.11) --------------------------------------------------------------
+        dense_sm = (laws.safe_div(gemm_flops, P * r_g) * sm_derate + dense_shaped_s * sm_derate
+                    + laws.safe_div(attn_flops, P * r_a) * sm_derate + recurrent_s + attn_sm_s)
+        dense_hbm = (weight_bytes + kv_fallback + elementwise) / B_hbm + attn_hbm_s
+        stage = mx(dense_sm, dense_hbm, nvl, nic) + routed_sm + routed_hbm
+        n = kind.count
+        stages += n * stage
+        SM += n * (dense_sm + routed_sm)
+        HBM += n * (dense_hbm + routed_hbm)
+        NVL += n * nvl
+        NIC += n * nic
+        gpu_expected += n * exp_layer
+
+    # -- LM head (§7) ------------------------------------------------------------------------
+    real = b.t_real > 0
+    head_sm = jnp.where(real, laws.safe_div(b.t_real * plan.head_flops_per_token / tp,
+                                            P * r_a) * sm_derate, 0.0)
+    head_hbm = jnp.where(real, plan.head_weight_bytes / tp / B_hbm, 0.0)
+    head_overlap = mx(head_sm, head_hbm)
+    SM += head_sm
+    HBM += head_hbm
+    if refine:
+        # expected.md refinement 4: logits only for the sampled positions
+        sampled = jnp.minimum(b.t_real, b.n_live * plan.uniform_decode_width)
+        r_s = laws.ramp(sampled, eps, m_half)
+        head_exp_sm = jnp.where(real, laws.safe_div(sampled * plan.head_flops_per_token / tp,
+                                                    P * r_s) * sm_derate, 0.0)
+        gpu_expected += mx(head_exp_sm, head_hbm)
+    else:
+        gpu_expected += head_overlap
+
+    # -- host (§8) ----------------------------------------------------------------------------
+    mode = jnp.where((b.n_live <= 0) | b.uniform, plan.decode_mode, plan.other_mode)
+    mode = jnp.where(b.tokens + b.t_pad > plan.capture_ceiling, EAGER, mode)
+    replay = params["host_replay_graph_per_step"]
+    per_step = jnp.where(mode == FULL, replay,
+                         jnp.where(mode == PIECEWISE, replay * plan.segments,
+                                   params["host_launch_eager_per_layer"] * plan.total_layers))
+    launches = params["host_launch_per_kernel"] * plan.total_kernels
+    host = per_step + jnp.where(b.empty, 0.0, launches)
+    host_exp = per_step + jnp.where(b.empty | (mode == FULL), 0.0, launches)
+
+    # -- totals (§9) -------------------------------------------------------------------------
+    keep = ~b.empty
+    SM, HBM, NVL, NIC = (jnp.where(keep, x, 0.0) for x in (SM, HBM, NVL, NIC))
+    no_overlap = SM + HBM + NVL + NIC + host
+    overlap = jnp.where(keep, jnp.minimum(stages + head_overlap + host, no_overlap), host)
+    totals = jnp.stack(jnp.broadcast_arrays(SM, HBM, NVL, NIC, host), axis=-1)
+    bottleneck = jnp.where(b.empty, len(RESOURCES) - 1, jnp.argmax(totals, axis=-1))
+    gpu = jnp.where(keep, gpu_expected + plan.total_kernels * params["kernel_gap"], 0.0)
+    expected = mx(gpu, host_exp) + params["host_serial"]
+    return StepEstimate(
+        overlap_s=overlap, no_overlap_s=no_overlap, expected_s=expected,
+        per_resource_s={"sm": SM, "hbm": HBM, "nvlink": NVL, "nic": NIC, "host": host},
+        bottleneck=bottleneck.astype(jnp.int32))
+
+
+def _context_parallel_collectives(plan: Plan, b: _Batch, att: AttentionPlan | None, coll,
+                                  zero):
+    """DCP query/LSE/output collectives, MLA context gathers and PCP KV gathers."""
+    nvl = nic = zero
+    if att is None or att.n_q <= 0:
+        return nvl, nic
+
+    def charge(op: str, group: str, nbytes, when):
+        nonlocal nvl, nic
+        key = plan.key(op, group)
+        dv, dn = coll(key, plan.group(group), nbytes, op == "alltoall")
+        nvl = nvl + jnp.where(when, dv, 0.0)
+        nic = nic + jnp.where(when, dn, 0.0)
+
+    latent = att.kind in _LATENT
+    if plan.dcp > 1 and att.kind in _SHARDABLE:
+        rows = b.decode_tokens if latent else jnp.where(b.any_context, b.tokens, 0.0)
+        some = rows > 0
+        h, qW = att.n_q, att.d_h
+        oW = att.kv_lora_rank if latent and att.kv_lora_rank > 0 else att.d_h
+        if plan.pcp > 1:
+            aH = h / plan.tp
+            if plan.dcp > plan.pcp:
+                aH = h
+                charge("all_gather", "TP", rows * aH * qW * 2.0, some)
+        else:
+            aH = h / plan.tp * plan.dcp                                            # D29
+            charge("all_gather", "DCP", rows * aH * qW * 2.0, some)
+        if plan.dcp_comm_backend == "a2a":
+            charge("alltoall", "DCP", rows * aH * (oW + 2) * 2.0, some)
+        else:
+            charge("all_gather", "DCP", plan.dcp * rows * aH * 4.0, some)
+            charge("all_reduce" if plan.pcp > 1 else "reduce_scatter", "DCP",
+                   rows * aH * oW * 2.0, some)
+        if latent:
+            v, n = _mla_context_gather(plan, b, att, coll)
+            nvl, nic = nvl + v, nic + n
+    if plan.pcp > 1:
+        rows = plan.pcp * b.prefill_tokens
+        some = b.prefill_tokens > 0
+        if 0 < att.kv_lora_rank < att.d_h:
+            charge("all_gather", "PCP", rows * att.kv_lora_rank * 2.0, some)
+            charge("all_gather", "PCP", rows * (att.d_h - att.kv_lora_rank) * 2.0, some)
+        else:
+            charge("all_gather", "PCP", rows * att.d_h * 2.0, some)
+    return nvl, nic
+
+
+def _mla_context_gather(plan: Plan, b: _Batch, att: AttentionPlan, coll):
+    """Chunked context gathers of DCP-sharded latent prefixes (step.md §6.9)."""
+    key = plan.key("all_gather", "DCP")
+    group = plan.group("DCP")
+    big = jnp.finfo(b.s.dtype).max
+    order = jnp.argsort(jnp.where(b.pre, b.s, big), axis=-1, stable=True)
+    pre = jnp.take_along_axis(b.pre, order, axis=-1)
+    c = jnp.take_along_axis(b.c, order, axis=-1)
+    breaker = pre & (c <= 0)
+    seg = jnp.cumsum(breaker.astype(jnp.int32), axis=-1)
+    contrib = jnp.where(pre & (c > 0), c, 0.0)
+    n_seg = b.s.shape[-1] + 1
+    onehot = seg[..., None] == jnp.arange(n_seg)
+    S = jnp.sum(jnp.where(onehot, contrib[..., None], 0.0), axis=-2)   # (..., n_seg)
+    chunk = max(plan.mla_chunk, 1)
+    n = jnp.ceil(S / chunk)
+    per = S * att.d_h * 2.0 / jnp.where(n > 0, n, 1.0)
+    v, k = coll(key, group, per, False)
+    use = S > 0
+    return (jnp.sum(jnp.where(use, n * v, 0.0), axis=-1),
+            jnp.sum(jnp.where(use, n * k, 0.0), axis=-1))

@@ -26,6 +26,8 @@ __all__ = [
     "span", "flat_span", "ring_span", "a2a_span", "experts_touched", "dcp_local",
     "sparse_read", "windowed_pairs", "windowed_causal_flops", "causal_pairs",
     "pcp_chunks", "pcp_local_tokens", "pcp_causal_pairs", "pcp_busiest_chunks", "smooth_max",
+    "compute_time", "memory_time", "gemm_times", "routed_expert_work", "floor_plus_rate",
+    "prefill_attention_time",
 ]
 
 
@@ -271,3 +273,59 @@ def smooth_max(values, temperature, axis=-1):
     t = jnp.where(ok, tau, 1.0)
     soft = hard + t * jnp.log(jnp.sum(jnp.exp((v - hard) / t), axis=axis, keepdims=True))
     return jnp.squeeze(jnp.where(ok, soft, hard), axis)
+
+
+# -- per-primitive kernel laws (used by step.py and by calibration/) ------------------------
+
+def compute_time(flops, peak_flops_per_s, efficiency):
+    """FLOPs at ``peak · efficiency``, seconds; 0 where the efficiency is 0 (a skipped term:
+    no tokens, or an ``eps_max ≤ 0`` part) and for zero work (D5)."""
+    t = safe_div(flops, peak_flops_per_s * efficiency)
+    return jnp.where(efficiency > 0, t, jnp.zeros_like(t))
+
+
+def memory_time(nbytes, bytes_per_s):
+    """Bytes at a rate, seconds (D5)."""
+    return safe_div(nbytes, bytes_per_s)
+
+
+def gemm_times(m_tokens, n, k, weight_bytes, peak_flops_per_s, hbm_bytes_per_s, efficiency,
+               activation_bytes: float = 0.0):
+    """One GEMM of ``m × n × k`` (per rank): ``(compute_s, memory_s)``.
+
+    compute = 2·m·n·k / (P·ε); memory = (weights + m·(n + k)·activation_bytes) / B_hbm.
+    The spec's edges add the two (SM and HBM totals); ``expected_s`` and the profile fits
+    take ``max(compute, memory)`` per kernel (expected.md).
+    """
+    m = jnp.asarray(m_tokens)
+    compute = compute_time(2.0 * m * n * k, peak_flops_per_s, efficiency)
+    memory = memory_time(weight_bytes + m * (n + k) * activation_bytes, hbm_bytes_per_s)
+    return compute, memory
+
+
+def routed_expert_work(routed_tokens, top_k: int, local_share: float,
+                       flops_per_token_per_expert: float, imbalance, dp_slice: float,
+                       physical_experts: int, experts_per_rank: int,
+                       bytes_per_expert: float, tensor_shards: int):
+    """Routed-expert FLOPs and weight bytes of one rank (step.md §6.2): ``(flops, bytes)``.
+
+    FLOPs = tokens·top_k·share·F_e·imbalance / dp_slice (not divided by tp, the kept
+    over-charge); bytes = B_e / shards · experts_touched(round_half_up(tokens)).
+    """
+    t = jnp.asarray(routed_tokens)
+    flops = t * top_k * local_share * flops_per_token_per_expert * imbalance / dp_slice
+    touched = experts_touched(round_half_up(t), physical_experts, top_k, experts_per_rank)
+    return flops, bytes_per_expert / tensor_shards * touched
+
+
+def floor_plus_rate(work, floor, rate):
+    """``floor + work/rate`` (decode attention reads, recurrent tokens); +inf for positive
+    work at a zero rate, and just the floor for zero work."""
+    return floor + safe_div(work, rate)
+
+
+def prefill_attention_time(work_flops, floor_s, peak_flops_per_s, efficiency, work_scale,
+                           sm_derate=1.0):
+    """Prefill attention with a fitted work scale: ``f_p + W/(P·ε·w_p)·sm_derate``
+    (step.md §6.3; the floor is not derated)."""
+    return floor_s + safe_div(work_flops, peak_flops_per_s * efficiency * work_scale) * sm_derate

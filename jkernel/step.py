@@ -172,8 +172,9 @@ class _Batch:
 
     def windowed(self, window: int):
         if window not in self._windowed:
-            self._windowed[window] = laws.windowed_causal_flops(
-                self.chunk_s, self.chunk_c, window, mask=self.pre[..., None])
+            per_request = laws.windowed_causal_flops(self.chunk_s, self.chunk_c, window,
+                                                     mask=self.pre[..., None])
+            self._windowed[window] = jnp.sum(per_request, axis=-1)
         return self._windowed[window]
 
 
@@ -249,16 +250,14 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
                 e_spec = laws.eff_shaped(b.t_gemm, (g.n / tp if g.shard_n else g.n),
                                          (g.k if g.shard_n else g.k / tp), eps, m_half,
                                          n_half, k_half)
-                dense_shaped_s += jnp.where(e_spec > 0, laws.safe_div(
-                    b.t_gemm * g.flops_per_token / tp, P * e_spec), 0.0)
+                dense_shaped_s += laws.compute_time(b.t_gemm * g.flops_per_token / tp, P,
+                                                    e_spec)
                 e_exp = laws.eff_shaped(b.t_gemm, n_r, k_r, eps, m_half, n_half, k_half)
             else:
                 e_exp = r_g
-            compute = jnp.where(e_exp > 0, laws.safe_div(
-                b.t_gemm * g.flops_per_token * frac, P * e_exp), 0.0) * sm_derate
-            act = b.t_gemm * (n_r + k_r) * 2.0 if refine else 0.0
-            memory = (g.weight_bytes * frac + act) / B_hbm
-            exp_layer += mx(compute, memory)
+            compute, memory = laws.gemm_times(b.t_gemm, n_r, k_r, g.weight_bytes * frac, P,
+                                              B_hbm, e_exp, 2.0 if refine else 0.0)
+            exp_layer += mx(compute * sm_derate, memory)
         if not plan.shape_aware:
             gemm_flops += b.t_gemm * kind.dense_flops_per_token / tp
         weight_bytes += kind.dense_weight_bytes / tp
@@ -266,15 +265,13 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
         # -- mixture of experts (§6.2) -------------------------------------------------------
         if kind.moe:
             routed_tokens = b.t_gemm * plan.funnel
-            routed_per_rank = routed_tokens * kind.top_k * plan.local_expert_share
-            routed_flops = (routed_per_rank * kind.expert_flops_per_token_per_expert * imb
-                            / plan.dp_slice)
-            touched = laws.experts_touched(laws.round_half_up(routed_tokens),
-                                           plan.physical_experts, kind.top_k,
-                                           plan.experts_per_rank)
-            routed_bytes = kind.expert_weight_bytes_per_expert / plan.expert_tensor_shards * touched
+            routed_flops, routed_bytes = laws.routed_expert_work(
+                routed_tokens, kind.top_k, plan.local_expert_share,
+                kind.expert_flops_per_token_per_expert, imb, plan.dp_slice,
+                plan.physical_experts, plan.experts_per_rank,
+                kind.expert_weight_bytes_per_expert, plan.expert_tensor_shards)
             routed_sm = laws.safe_div(routed_flops, P * r_g) * sm_derate
-            routed_hbm = routed_bytes / B_hbm
+            routed_hbm = laws.memory_time(routed_bytes, B_hbm)
             shared_flops = b.t_gemm * kind.shared_expert_flops_per_token / tp
             gemm_flops += shared_flops
             weight_bytes += kind.shared_expert_weight_bytes / tp
@@ -288,8 +285,8 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
             f_dec, r_dec = pair(att.kind)
             T = b.decode_read(plan, att)
             with_rate = r_dec > 0
-            attn_hbm_s += jnp.where(has_dec & with_rate, f_dec + laws.safe_div(T * bpt, r_dec),
-                                    0.0)
+            attn_hbm_s += jnp.where(has_dec & with_rate,
+                                    laws.floor_plus_rate(T * bpt, f_dec, r_dec), 0.0)
             kv_fallback = jnp.where(has_dec & ~with_rate, T * bpt, 0.0)
             causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
             f_p = params["attention_prefill_floor"]
@@ -303,21 +300,19 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
                 per_pair = 2 * (att.qk_nope_head_dim + att.qk_rope_head_dim) + 2 * att.v_head_dim
                 exp_work = causal / 4.0 * per_pair * att.n_q / tp
             w_safe = jnp.where(scaled, w_p, 1.0)
-            pre_sm = jnp.where(has_pre & scaled, f_p + laws.safe_div(
-                attn_work, P * r_a * w_safe) * sm_derate, 0.0)
-            exp_pre_sm = jnp.where(has_pre & scaled, f_p + laws.safe_div(
-                exp_work, P * r_a * w_safe) * sm_derate, 0.0)
+            pre_sm = jnp.where(has_pre & scaled, laws.prefill_attention_time(
+                attn_work, f_p, P, r_a, w_safe, sm_derate), 0.0)
+            exp_pre_sm = jnp.where(has_pre & scaled, laws.prefill_attention_time(
+                exp_work, f_p, P, r_a, w_safe, sm_derate), 0.0)
             attn_sm_s += pre_sm
             attn_flops += jnp.where(has_pre & ~scaled, attn_work, 0.0)
             exp_attn_flops = jnp.where(has_pre & ~scaled, exp_work, 0.0)
-            single = zero
             if att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell:
                 cond = has_dec & has_pre & with_rate & scaled
                 dec_removed = jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)       # D4
                 pre_removed = jnp.where(cond & (f_dec > f_p), f_p, 0.0)
                 attn_hbm_s -= dec_removed
                 attn_sm_s -= pre_removed
-                single = dec_removed + pre_removed
             for a in kind.secondaries:
                 f_a, r_a2 = pair(a.kind)
                 per_token = bpt * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
@@ -329,11 +324,10 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
                 if plan.dcp > 1 and a.kind in _SHARDABLE:
                     T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
                 attn_hbm_s += jnp.where(has_dec & (r_a2 > 0),
-                                        f_a + laws.safe_div(T2 * per_token, r_a2), 0.0)
+                                        laws.floor_plus_rate(T2 * per_token, f_a, r_a2), 0.0)
             exp_layer += (attn_hbm_s + (attn_sm_s - pre_sm + exp_pre_sm)
                           + laws.safe_div(exp_attn_flops, P * r_a) * sm_derate
                           + kv_fallback / B_hbm)
-            del single
 
         # -- recurrent mixers (§6.5) --------------------------------------------------------
         if kind.recurrent is not None:
@@ -341,7 +335,7 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
                 if rk == kind.recurrent.kind:
                     f_r, rho = params[fn], params[rn]
                     ok = (f_r > 0) & (rho > 0)
-                    recurrent_s = jnp.where(ok, f_r + laws.safe_div(b.t_real, rho), 0.0)
+                    recurrent_s = jnp.where(ok, laws.floor_plus_rate(b.t_real, f_r, rho), 0.0)
             exp_layer += recurrent_s
 
         # -- elementwise (§6.7) -------------------------------------------------------------

@@ -61,7 +61,7 @@ def scenario_path(bundle: str | Path, repos: Repos | None = None) -> Path:
         return Path(repos.scenarios) / p
     if p.exists():
         return p
-    if p.suffix == "" and len(p.parts) == 1:
+    if len(p.parts) == 1 and p.suffix not in (".yaml", ".yml"):
         cand = catalog_root(repos) / "scenarios" / f"{p.name}.yaml"
         if cand.exists():
             return cand

@@ -1,0 +1,44 @@
+"""Shared fixtures.
+
+The tests import the *installed* jkernel (run ``pytest`` from the repository root after
+``pip install '.[test]'``): the repository root is appended to ``sys.path`` only so that
+``examples/`` can be imported, after site-packages.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+SPEC_CATALOG = DATA / "spec_catalog"
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+import jkernel  # noqa: E402
+
+jkernel.enable_x64()
+
+
+@pytest.fixture(scope="session")
+def spec_repos() -> jkernel.Repos:
+    """The fixture catalog holding the spec's own coefficient values (vectors.md)."""
+    return jkernel.Repos(catalog=SPEC_CATALOG, registry=SPEC_CATALOG)
+
+
+@lru_cache(maxsize=None)
+def spec_kernel(name: str = "deepseek-v3-h200-fp8-tp8") -> jkernel.Kernel:
+    repos = jkernel.Repos(catalog=SPEC_CATALOG, registry=SPEC_CATALOG)
+    return jkernel.open(SPEC_CATALOG / "scenarios" / f"{name}.yaml", repos)
+
+
+@lru_cache(maxsize=None)
+def catalog_kernel(name: str, pool: str | int | None = None) -> jkernel.Kernel:
+    """A kernel of a shipped catalog scenario (cached across tests)."""
+    if pool is None:
+        return jkernel.open(name)
+    return jkernel.open_pool(name, pool)

@@ -1,0 +1,158 @@
+"""The pure laws against vectors.md §1, run eagerly and under jit, with finite gradients."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jkernel import laws
+
+jax.config.update("jax_enable_x64", True)
+
+MODES = {"eager": lambda f: f, "jit": jax.jit}
+
+
+@pytest.fixture(params=list(MODES))
+def run(request):
+    """Call a law eagerly or jitted (static ints stay Python ints via closures)."""
+    wrap = MODES[request.param]
+    return lambda fn, *args: wrap(lambda *a: fn(*a))(*args)
+
+
+@pytest.mark.parametrize("eps,mh,r512,r32", [(0.890, 102, 0.7421, 0.2125),
+                                             (0.788, 94, 0.6658, 0.2001),
+                                             (0.640, 110, 0.5268, 0.1442)])
+def test_ramp_pins(run, eps, mh, r512, r32):
+    """vectors.md §1.1."""
+    assert float(run(laws.ramp, 512.0, eps, mh)) == pytest.approx(r512, abs=5e-5)
+    assert float(run(laws.ramp, 32.0, eps, mh)) == pytest.approx(r32, abs=5e-5)
+    assert float(run(laws.ramp, float(mh), eps, mh)) == eps / 2
+
+
+def test_ramp_edges(run):
+    assert float(run(laws.ramp, 0.0, 0.9, 100.0)) == 0.0
+    assert float(run(laws.ramp, 50.0, 0.9, 0.0)) == 0.9
+    assert float(run(laws.ramp, 50.0, 0.0, 100.0)) == 0.0
+
+
+@pytest.mark.parametrize("fn,g,p,want", [
+    (laws.ring_span, 16, 8, 1.533333), (laws.flat_span, 16, 8, 9.0),
+    (laws.a2a_span, 16, 8, 5.266667), (laws.a2a_span, 72, 8, 8.211268),
+    (laws.ring_span, 12, 8, 9.0), (laws.ring_span, 1, 8, 1.0), (laws.a2a_span, 1, 8, 1.0)])
+def test_span_pins(run, fn, g, p, want):
+    """vectors.md §1.2 (r = 9)."""
+    assert float(run(lambda r: fn(g, p, r), 9.0)) == pytest.approx(want, abs=1e-6)
+
+
+def test_span_ratio_rules(run):
+    assert float(run(lambda r: laws.a2a_span(16, 8, r), 9.0) /
+                 run(lambda r: laws.ring_span(16, 8, r), 9.0)) == pytest.approx(3.434783, 1e-6)
+    for r in (1.0, 0.5, float("inf")):
+        assert float(run(lambda x: laws.a2a_span(16, 8, x), r)) == 1.0
+
+
+def test_collective_law_pins(run):
+    """vectors.md §1.3: h200 all-reduce fp16 8-rank coefficients."""
+    t0, peak, tr = 15.98e-6, 131566e6, 92500e6
+    law = lambda b: laws.collective_time(b, t0, peak, tr)  # noqa: E731
+    assert float(run(law, 0.0)) == t0
+    assert 1.0 < float(run(law, 256.0)) / t0 < 1.0002
+    assert float(run(law, 1048576.0)) * 1e6 == pytest.approx(15.98 + 1048576 / 92500, 1e-12)
+    assert float(run(lambda b: laws.collective_time(b, t0, 0.0, tr), 1.0)) == np.inf
+    assert float(run(lambda b: laws.collective_time(b, t0, peak, 0.0), 1e9)) == \
+        pytest.approx(max(t0, 1e9 / peak))
+
+
+def test_floor_rate_law(run):
+    assert float(run(lambda b: laws.floor_rate_time(b, 1e-6, 0.0), 1.0)) == np.inf
+    assert float(run(lambda b: laws.floor_rate_time(b, 1e-6, 0.0), 0.0)) == 1e-6
+    assert float(run(lambda b: laws.floor_rate_time(b, 1e-6, 1e9), 1e9)) == 1.0
+
+
+@pytest.mark.parametrize("s,p,d,want", [(17, 8, 2, 17), (16, 8, 2, 2), (16, 8, 1, 2),
+                                        (100, 1, 1, -1), (0, 8, 1, -1)])
+def test_pcp_local_tokens(run, s, p, d, want):
+    """vectors.md §1.4."""
+    assert float(run(lambda x: laws.pcp_local_tokens(x, p, d), float(s))) == want
+
+
+@pytest.mark.parametrize("s,c,p,ratio,local", [(4096, 0, 8, 1.0, 512), (1001, 0, 8, 1.014035, 126),
+                                               (1001, 8192, 4, 1.007398, 252),
+                                               (100, 0, 8, 1.2544, 14)])
+def test_pcp_causal_pairs(run, s, c, p, ratio, local):
+    got = float(run(lambda a, b: laws.pcp_causal_pairs(a, b, p, 1), float(s), float(c)))
+    assert got / (4 * (s * c + s * s / 2) / p) == pytest.approx(ratio, abs=1e-6)
+    assert float(run(lambda a: laws.pcp_local_tokens(a, p, 1), float(s))) == local
+
+
+@pytest.mark.parametrize("s,c,w,want", [(1024, 131072, 2176, 8912896), (1024, 0, 2176, 2097152),
+                                        (1024, 1000, 2176, 6193152), (4096, 0, 2176, 26181632),
+                                        (1000, 50, 10 ** 9, 2200000), (1000, 50, 0, 0)])
+def test_windowed_causal_flops(run, s, c, w, want):
+    """vectors.md §1.5."""
+    got = run(lambda a, b: laws.windowed_causal_flops(a, b, w),
+              jnp.array([float(s)]), jnp.array([float(c)]))
+    assert float(got) == want
+
+
+@pytest.mark.parametrize("L,d,i,want", [(1000, 8, 32, 128), (100, 8, 64, 64), (1000, 8, 1, 125),
+                                        (4096, 4, 0, 1024)])
+def test_dcp_local(run, L, d, i, want):
+    """vectors.md §1.6."""
+    assert float(run(lambda x: laws.dcp_local(x, d, i), float(L))) == want
+
+
+def test_dcp_local_per_request_against_batch_total(run):
+    per = run(lambda x: jnp.sum(laws.dcp_local(x, 3, 1)), jnp.full(4, 1000.0))
+    assert float(per) == 1336
+    assert float(run(lambda x: laws.dcp_local(x, 3, 1), 4000.0)) == 1334
+    assert float(run(lambda x: jnp.sum(laws.dcp_local(x, 4, 1)), jnp.full(8, 1001.0))) == 2008
+
+
+def test_sparse_read(run):
+    """vectors.md §1.7."""
+    assert float(run(lambda x: jnp.sum(laws.sparse_read(x, 1024, 4)), jnp.full(4, 1024.0))) == 4096
+    assert float(run(lambda x: laws.sparse_read(x, 1024, 4), 4096.0)) == 1792
+    assert float(run(lambda x: laws.sparse_read(x, 128, 128), 65536.0)) == 639
+
+
+@pytest.mark.parametrize("t,e,k,loc,want", [(1, 224, 8, 14, 0.5), (4, 224, 8, 14, 1.895385),
+                                            (128, 224, 8, 14, 13.866813),
+                                            (256, 224, 8, 14, 13.998733),
+                                            (32, 256, 8, 256, 163.313846), (0, 256, 8, 256, 0.0),
+                                            (5, 8, 8, 4, 4.0)])
+def test_experts_touched(run, t, e, k, loc, want):
+    """vectors.md §1.8."""
+    assert float(run(lambda x: laws.experts_touched(x, e, k, loc), float(t))) == \
+        pytest.approx(want, abs=1e-6)
+
+
+def test_round_half_up_is_not_bankers():
+    assert float(laws.round_half_up(2.5)) == 3 and float(laws.round_half_up(3.5)) == 4
+
+
+def test_zero_work_costs_zero_even_at_zero_rate():
+    """Decision D5: 0/0 = 0, positive/0 = +inf."""
+    assert float(laws.safe_div(0.0, 0.0)) == 0.0
+    assert float(laws.safe_div(1.0, 0.0)) == np.inf
+
+
+def test_gradients_finite_at_edges():
+    """Gradient safety: the branch not taken never leaks a NaN (0 tokens, zero rates)."""
+    g = jax.grad(lambda eps, mh: laws.ramp(0.0, eps, mh) + laws.ramp(10.0, eps, mh),
+                 argnums=(0, 1))(0.9, 100.0)
+    assert all(np.isfinite(x) for x in g)
+    g = jax.grad(lambda r: laws.collective_time(0.0, 1e-5, r, r) +
+                 laws.safe_div(0.0, r))(0.0)
+    assert np.isfinite(g)
+    g = jax.grad(lambda t: jnp.sum(laws.experts_touched(t, 256, 8, 256)))(jnp.array([0.0, 3.0]))
+    assert np.all(np.isfinite(g))
+
+
+def test_smooth_max_tends_to_max():
+    v = jnp.array([1.0, 2.0, 3.0])
+    assert float(laws.smooth_max(v, 0.0)) == 3.0
+    assert float(laws.smooth_max(v, 1e-3)) == pytest.approx(3.0, abs=1e-6)
+    assert float(laws.smooth_max(v, 1.0)) > 3.0

@@ -240,6 +240,9 @@ def _moe_nodes(H: int, moe: _Moe) -> list[dict]:
             g["shared_intermediate_size"] = moe.shared_inter
     if moe.latent:
         g["latent_size"] = moe.latent
+    # One node carries one weight_dtype: it is the routed experts' (the bulk of the weights);
+    # where a checkpoint leaves the shared experts unquantised (Kimi-K2.5/K3 ignore lists) the
+    # shared experts are priced at the routed dtype too.
     g["_mods"] = (tuple(moe.expert_mods),)
     g["_cls"] = "experts"
     nodes.append(g)
@@ -436,6 +439,7 @@ class _Scheme:
         self.ignore = tuple(ignore)
         self.groups = tuple(groups)             # compressed-tensors (targets, dtype)
         self.layer_algos = dict(layer_algos or {})
+        self.file: str | None = None
 
     def _excluded(self, names: Sequence[str]) -> bool:
         return _matches_any(names, self.ignore)
@@ -443,7 +447,8 @@ class _Scheme:
     def node_dtype(self, cls: str, shards: Sequence[Sequence[str]], where: str) -> tuple[str, bool]:
         """(effective dtype, explicitly not converted) of one linear node."""
         if cls == "router":
-            return self.torch_dtype, True       # D36: the router stays at torch_dtype
+            # D36: the router stays at torch_dtype (bf16 when the config states none, D34).
+            return self.torch_dtype, True
         if self.kind == "none":
             return self.torch_dtype, False
         results = []
@@ -452,7 +457,8 @@ class _Scheme:
         if len(set(results)) > 1:
             raise Refusal("R1", f"the quantisation config treats the fused shards of {where} "
                                 f"({', '.join(a[0] for a in shards)}) differently; a fused "
-                                f"linear has one weight dtype", field="quantization_config")
+                                f"linear has one weight dtype", field="quantization_config",
+                          file=self.file)
         return results[0]
 
     def _shard_dtype(self, cls: str, aliases: Sequence[str]) -> tuple[str, bool]:
@@ -522,8 +528,9 @@ def _modelopt_scheme(q: _Cfg, torch_dtype: str) -> _Scheme:
         for name, spec in layers.d.items():
             sub = layers.sub(name)
             per[name] = _modelopt_dtype(sub, "quant_algo", spec.get("quant_algo"))
-        # spec silent; a mixed checkpoint has no single quantised dtype: the global dtype is
-        # torch_dtype and every quantised node states its own (D34 "mixed checkpoints").
+        # spec silent; vLLM v0.31.0 (ModelOpt MIXED_PRECISION) quantises exactly the
+        # quantized_layers entries, so there is no single checkpoint dtype: the global dtype is
+        # torch_dtype and every quantised node states its own (§6.7 "mixed checkpoints").
         return _Scheme(torch_dtype, torch_dtype, "mixed", ignore=ignore, layer_algos=per)
     dtype = _modelopt_dtype(q, "quant_algo", algo)
     return _Scheme(torch_dtype, dtype, "uniform", default_dtype=dtype, ignore=ignore)
@@ -603,6 +610,9 @@ def _vocab(c: _Cfg) -> int:
 
 def _mtp_speculator(c: _Cfg, method: str | None, L: int, *, keys=("num_nextn_predict_layers",),
                     repeat_key: str | None = None) -> dict | None:
+    # §6.7: MTP layers are announced by num_nextn_predict_layers (mtp_num_hidden_layers for
+    # the Qwen3-Next family). MiniMax-M2's use_mtp / num_mtp_modules is not such a field, and
+    # §7 lists minimax-m2.5 without a speculator.
     n = 0
     key_used = keys[0]
     for key in keys:
@@ -874,6 +884,8 @@ def _plan_nemotron_h(c: _Cfg) -> _Plan:
         kinds["moe"] = [_ew("input_norm")] + _moe_nodes(H, moe)
     if "mlp" in types:
         inter = c.int("intermediate_size")
+        # spec silent; vLLM v0.31.0 NemotronHMLP: a relu2 MLP is up_proj → relu² → down_proj
+        # with no gate, so its first GEMM is mlp_up with n = intermediate_size (not 2·).
         gated = c.raw("mlp_hidden_act", "relu2") != "relu2"
         kinds["mlp"] = [_ew("input_norm")] + _dense_mlp_nodes(
             H, inter, ((f"{pre}.gate_proj", f"{pre}.up_proj") if gated else (f"{pre}.up_proj",),
@@ -1008,7 +1020,8 @@ def _plan_kimi_linear(c: _Cfg) -> _Plan:
     full_rank = bool(la.bool("use_full_rank_gate", False))
     # spec silent; vLLM v0.31.0 KimiDeltaAttention: q, k, v (heads·head_dim each) and b
     # (heads) from the hidden state; the forget gate f and output gate g are low-rank
-    # (hidden → head_dim → heads·head_dim) unless use_full_rank_gate (hidden → heads·head_dim).
+    # (hidden → head_dim → heads·head_dim) unless use_full_rank_gate
+    # (hidden → heads·head_dim).
     in_n = 3 * heads * hd + heads + (2 * heads * hd if full_rank else 2 * hd)
     kda = [_ew("input_norm"),
            _gemm("mixer_in_proj", in_n, H, (("self_attn.q_proj",), ("self_attn.k_proj",),
@@ -1240,6 +1253,7 @@ def _compress_stack(seq: list[str]) -> dict:
 
 
 def _chain_edges(n: int) -> list[list[int]]:
+    # Edges are validated only (D19); like the reference graphs, each kind is one chain.
     return [[i, i + 1] for i in range(n - 1)]
 
 
@@ -1259,6 +1273,7 @@ def _derive(config: Mapping, *, name: str, sha256: str, quant_config: Mapping | 
         c = top.sub("text_config")
     plan, model_type = _plan(c, outer)
     scheme = _resolve_scheme(c, outer, quant_config, file)
+    scheme.file = file
 
     # Layers → distinct kinds (by finished node list) in order of first appearance.
     kinds: list[dict] = []

@@ -6,7 +6,8 @@ A kernel is immutable: every method is a pure function of its arguments.
 
 Speed: ``step_time`` runs one jitted program per request bucket, fed with the params packed
 into one array and the batch into two, so a call costs a few microseconds of dispatch;
-``price_many`` ``vmap``s the same step function over many batches in bounded chunks.
+``price_many`` runs the same step function over a whole chunk of batches at once
+(the batch axis is a vector axis of every operation), in bounded chunks.
 """
 
 from __future__ import annotations
@@ -81,18 +82,19 @@ class _Compiled:
                 [est.per_resource_s[r] for r in RESOURCES] + [est.bottleneck.astype(dt)]
             return jnp.stack(jnp.broadcast_arrays(*cols), axis=-1)
 
-        def one(flat, ints, scal):
+        def one(flat, sched, comp, scal):
+            """One batch (``sched``, ``comp``: (R,)) or many (``(B, R)``, ``scal`` (B, 3)):
+            the step function broadcasts over leading batch axes itself (no vmap), which
+            lets it sum requests as vector operations across batches."""
             self.traces += 1                       # runs at trace time only
-            batch = BatchArrays(ints[0], ints[1], ints[1], ints[0] > 0, scal[0], scal[1],
-                                scal[2])
+            batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
+                                scal[..., 2])
             return pack(step_fn(unpack(flat), batch))
 
         self.unpack = unpack
         self.pack = pack
         self.one = jax.jit(one)
-        many = jax.vmap(one, in_axes=(None, 0, 0))
-        self.many = jax.jit(many)
-        self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None)))
+        self.sweep = jax.jit(jax.vmap(one, in_axes=(0, None, None, None)))
         self.jit_step = jax.jit(step_fn)
 
 
@@ -165,48 +167,52 @@ class Kernel:
         size = bucket if bucket is not None else bucket_for(len(batch), self.buckets)
         return BatchArrays(*(jnp.asarray(x) for x in batch.pad_to(size)))
 
-    def _ints(self, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def _ints(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(batch)
         size = bucket_for(n, self.buckets)
-        ints = np.zeros((2, size), np.int32)
-        ints[0, :n] = batch.scheduled
-        ints[1, :n] = batch.computed
+        sched = np.zeros(size, np.int32)
+        comp = np.zeros(size, np.int32)
+        sched[:n] = batch.scheduled
+        comp[:n] = batch.computed
         scal = np.array([batch.decode_threshold, batch.sm_budget, batch.pad_tokens], np.int32)
-        return ints, scal
+        return sched, comp, scal
 
     def step_time(self, batch: Batch) -> StepEstimate:
         """Price one step (jitted; one program per bucket). Fields are Python floats."""
         if not isinstance(batch, Batch):
             raise TypeError(f"step_time takes a jkernel.Batch, not {type(batch).__name__}")
-        ints, scal = self._ints(batch)
-        return _estimate(np.asarray(self._c.one(self._flat, ints, scal)))
+        sched, comp, scal = self._ints(batch)
+        return _estimate(np.asarray(self._c.one(self._flat, sched, comp, scal)))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
         scal = np.array([1, 0, 0], np.int32)
         for size in buckets or self.buckets:
-            self._c.one(self._flat, np.zeros((2, size), np.int32), scal).block_until_ready()
+            z = np.zeros(size, np.int32)
+            self._c.one(self._flat, z, z, scal).block_until_ready()
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
-                   pad_tokens=0, chunk: int = 32768, dtype=None) -> StepEstimate:
-        """Price many batches with one vmapped program, in chunks of ``chunk`` batches.
+                   pad_tokens=0, chunk: int = 2048, dtype=None) -> StepEstimate:
+        """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
         ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
         scalars may be ints or arrays of shape ``(batches,)``. ``dtype=jnp.float32`` prices
-        in single precision. Returns a :class:`StepEstimate` of numpy arrays ``(batches,)``.
+        in single precision. Memory stays bounded by the chunk, however many batches come.
+        Returns a :class:`StepEstimate` of numpy arrays of shape ``(batches,)``.
         """
-        ints, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
-                                       sm_budget, pad_tokens)
+        sched, comp, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
+                                              sm_budget, pad_tokens)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda i, s: self._c.many(flat, i, s), ints, scal,
-                                        chunk))
+        return _estimates(self._chunked(lambda a, b, c: self._c.one(flat, a, b, c),
+                                        sched, comp, scal, chunk))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
-                    chunk: int = 8192) -> StepEstimate:
-        """Price the same batches under many parameter sets in one call.
+                    chunk: int = 4096) -> StepEstimate:
+        """Price the same batches under many parameter sets in one call (``vmap`` over the
+        params pytree).
 
         ``params``: a list of :class:`Params` (same names as the kernel's), or one Params
         whose leaves have a leading axis. Returns arrays of shape ``(param_sets, batches)``.
@@ -216,25 +222,26 @@ class Kernel:
         if tuple(params) != self._c.names:
             raise ValueError("params must have exactly the kernel's names")
         flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
-        ints, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
-                                       sm_budget, pad_tokens)
-        rows = self._chunked(lambda i, s: self._c.sweep(flat, i, s), ints, scal, chunk,
-                             axis=1)
+        sched, comp, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
+                                              sm_budget, pad_tokens)
+        rows = self._chunked(lambda a, b, c: self._c.sweep(flat, a, b, c), sched, comp, scal,
+                             chunk, axis=1)
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
-                     pad_tokens) -> tuple[np.ndarray, np.ndarray]:
+                     pad_tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if batches is not None:
             if scheduled is not None or computed is not None:
                 raise ValueError("give either batches or scheduled/computed arrays, not both")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            ints = np.zeros((len(batches), 2, width), np.int32)
+            sched = np.zeros((len(batches), width), np.int32)
+            comp = np.zeros((len(batches), width), np.int32)
             scal = np.zeros((len(batches), 3), np.int32)
             for j, b in enumerate(batches):
-                ints[j, 0, :len(b)] = b.scheduled
-                ints[j, 1, :len(b)] = b.computed
+                sched[j, :len(b)] = b.scheduled
+                comp[j, :len(b)] = b.computed
                 scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
-            return ints, scal
+            return sched, comp, scal
         if scheduled is None:
             raise ValueError("price_many needs batches or a scheduled array")
         s = np.asarray(scheduled)
@@ -247,30 +254,33 @@ class Kernel:
                 raise ValueError(f"{name} holds NaN or infinite values")
             if a.size and a.min() < 0:
                 raise ValueError(f"{name} must be ≥ 0")
-        ints = np.stack([s, c], axis=1).astype(np.int32)
         nb = s.shape[0]
         scal = np.stack([np.broadcast_to(np.asarray(x, np.int64), (nb,))
                          for x in (decode_threshold, sm_budget, pad_tokens)], axis=1)
         scal = scal.astype(np.int32)
         scal[:, 2] = np.maximum(scal[:, 2], 0)
-        return ints, scal
+        return (np.ascontiguousarray(s, dtype=np.int32), np.ascontiguousarray(c, dtype=np.int32),
+                scal)
 
     @staticmethod
-    def _chunked(fn, ints: np.ndarray, scal: np.ndarray, chunk: int, axis: int = 0):
-        n = ints.shape[0]
+    def _chunked(fn, sched: np.ndarray, comp: np.ndarray, scal: np.ndarray, chunk: int,
+                 axis: int = 0):
+        n = sched.shape[0]
         if n == 0:
             raise ValueError("no batches to price")
         size = min(chunk, n)
         outs = []
         for start in range(0, n, size):
-            i, s = ints[start:start + size], scal[start:start + size]
-            short = size - i.shape[0]
+            a, b, c = (x[start:start + size] for x in (sched, comp, scal))
+            short = size - a.shape[0]
             if short:   # pad the last chunk so every chunk runs the same program
-                i = np.concatenate([i, np.zeros((short,) + i.shape[1:], i.dtype)])
-                s = np.concatenate([s, np.tile(s[-1:], (short, 1))])
-            out = np.asarray(fn(i, s))
-            outs.append(out.take(np.arange(size - short), axis=axis) if short else out)
-        return np.concatenate(outs, axis=axis)
+                a, b = (np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
+                        for x in (a, b))
+                c = np.concatenate([c, np.tile(c[-1:], (short, 1))])
+            out = fn(a, b, c)
+            outs.append(out if not short else
+                        jax.lax.slice_in_dim(out, 0, size - short, axis=axis))
+        return np.asarray(jnp.concatenate(outs, axis=axis) if len(outs) > 1 else outs[0])
 
     # -- memory (memory.md) -----------------------------------------------------------------
     def fixed_bytes(self) -> _memory.MemoryBreakdown:

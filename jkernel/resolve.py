@@ -227,6 +227,24 @@ def _check_consistency(sc: Scenario, dep: Deployment, chip: Chip,
                           f"does not divide the pool's {pool_gpus} GPUs (D17)", field=f)
 
 
+def _check_heads(model: ModelGraph, dep: Deployment) -> None:
+    """tp must divide the attention heads (R5): the engine would not start otherwise."""
+    # spec silent; vLLM v0.31.0: ModelConfig.verify_with_parallel_config raises "Total
+    # number of attention heads (N) must be divisible by tensor parallel size (tp)".
+    # num_attention_heads is the primary (role-less) attention's n_q; a model without
+    # attention (pure recurrent) is not checked.
+    heads = sorted({n.n_q for lk in model.layer_kinds for n in lk.nodes
+                    if n.op == "Attention" and not n.role and n.n_q})
+    for i, p in enumerate(dep.pools):
+        tp = p.parallel.tp
+        bad = [h for h in heads if tp >= 1 and h % tp]
+        if bad:
+            ok = [w for w in range(1, bad[0] + 1) if all(h % w == 0 for h in heads)]
+            raise Refusal("R5", f"tp {tp} does not divide the {bad[0]} attention heads of "
+                          f"{model.name}; vLLM refuses it. Widths that divide: "
+                          f"{', '.join(map(str, ok))}", field=f"pools[{i}].parallel.tp")
+
+
 # ---------------------------------------------------------------------------------------
 # Dtypes (§6, memory.md §1.2)
 # ---------------------------------------------------------------------------------------
@@ -308,6 +326,7 @@ def resolve(inputs: Inputs) -> Resolved:
     rules = inputs.rules
     rec = _Record()
     _check_consistency(sc, dep, chip, inputs.devices)
+    _check_heads(model, dep)
     cl = sc.cluster
     pool = dep.pools[inputs.pool_index]
     par, eng = pool.parallel, pool.engine
@@ -565,6 +584,12 @@ def resolve(inputs: Inputs) -> Resolved:
         used.add(name)
         if name not in chosen:
             rec.assume(name, "absent", reason)
+    # methods.md §5: tier_time caps every known tier (D25: every storage class, offload tiers
+    # or not) by host_link_bandwidth, so an applicable entry is lifted even without offload
+    # tiers; only its absence is recorded conditionally (§5.2). (Before: it was lifted only
+    # with offload tiers, and tier_time then ran uncapped.)
+    if "host_link_bandwidth" in chosen:
+        used.add("host_link_bandwidth")
     # jkernel's own expected_s constants (expected.md): defaults until a trace fit
     own_defaults = {"kernel_gap": (0.0, "no idle gap between kernels until a step-trace fit"),
                     "host_serial": (0.0, "no serial host time until a step-trace fit")}

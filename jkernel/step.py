@@ -110,72 +110,161 @@ def make_step_fn(plan: Plan, options: StepOptions = StepOptions()):
     return step_fn
 
 
+def _read_signature(att: AttentionPlan) -> tuple:
+    return (att.kind, att.window, att.index_topk, att.compress_ratio)
+
+
+def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
+    """Per-request quantities of step.md §4 (elementwise: any shape of requests).
+
+    Returns name → array of the request shape; the step sums each over the requests.
+    """
+    s_in = s_in.astype(dt)
+    live = mask & (s_in > 0)                                  # D32: scheduled 0 is padding
+    s = jnp.where(live, s_in, 0.0)
+    c = jnp.where(live, jnp.maximum(c_in.astype(dt), 0.0), 0.0)
+    ctx = s + c
+    walk = live & (ctx > 0)
+    pre = walk & (s > thr)
+    dec = walk & ~pre
+    zero = jnp.zeros_like(s)
+    if plan.pcp > 1:
+        s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
+        pairs = laws.pcp_causal_pairs(s, c, plan.pcp, plan.dcp)
+        chunk_s, chunk_c = laws.pcp_busiest_chunks(s, c, plan.pcp, plan.dcp)
+    else:
+        s_loc = s
+        pairs = laws.causal_pairs(s, c)
+        chunk_s, chunk_c = s[..., None], c[..., None]
+    lanes = {
+        "tokens": s, "n_live": live, "context": walk & (c > 0),
+        "nonuniform": live & (s != plan.uniform_decode_width),
+        "causal_flops": jnp.where(pre, pairs, zero),
+        "prefill_tokens": jnp.where(pre, s_loc, zero),
+        "prefill_requests": pre, "decode_requests": dec,
+        "decode_tokens": jnp.where(dec, s, zero),
+        "decode_kv_tokens": jnp.where(dec, ctx, zero),
+    }
+    if plan.pcp > 1:
+        lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
+    for name, att in _read_lanes(plan).items():
+        read = ctx
+        if att.kind == "swa" and att.window > 0:
+            read = jnp.minimum(read, att.window)                                 # D3
+        if att.kind == "sparse_mla":
+            t = att.index_topk if att.index_topk > 0 else att.window
+            if t > 0:
+                read = laws.sparse_read(read, t, att.compress_ratio)
+        if plan.dcp > 1 and att.kind in _SHARDABLE:
+            read = laws.dcp_local(laws.round_half_up(read), plan.dcp, plan.interleave)
+        lanes[name] = jnp.where(dec, read, zero)
+    for window in _windows(plan):
+        lanes[f"win{window}"] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
+                                                           mask=pre[..., None])
+    return {k: v.astype(dt) for k, v in lanes.items()}
+
+
+def _shaped_read(att: AttentionPlan, plan: Plan) -> bool:
+    return ((att.kind == "swa" and att.window > 0)
+            or (att.kind == "sparse_mla" and (att.index_topk > 0 or att.window > 0))
+            or (plan.dcp > 1 and att.kind in _SHARDABLE))
+
+
+def _read_lanes(plan: Plan) -> dict:
+    """Lane name → attention, for each distinct primary read that is not the plain context."""
+    out: dict = {}
+    for kind in plan.kinds:
+        att = kind.attention
+        if att is not None and _shaped_read(att, plan):
+            name = "read_%s_%d_%d_%d" % _read_signature(att)
+            out.setdefault(name, att)
+    return out
+
+
+def _windows(plan: Plan) -> list[int]:
+    return sorted({k.attention.window for k in plan.kinds
+                   if k.attention is not None and k.attention.window > 0})
+
+
+def _sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
+    """Σ over the request axis of every lane, in one pass.
+
+    One batch (request arrays of shape ``(R,)``, also under ``vmap``): a single variadic
+    reduction, which XLA fuses into one loop. Explicit batch axes (``(B…, R)``, the bulk
+    path): a scan over the R requests whose every step is a vector operation across the
+    batches — on CPU several times faster than reducing each batch's row.
+    """
+    s = jnp.asarray(batch.scheduled)
+    c = jnp.asarray(batch.computed)
+    mask = jnp.asarray(batch.mask)
+    thr = jnp.asarray(batch.decode_threshold).astype(dt)
+    if s.ndim == 1:
+        lanes = _request_lanes(plan, s, c, mask, thr, dt)
+        names = list(lanes)
+        init = tuple(jnp.zeros((), dt) for _ in names)
+        sums = jax.lax.reduce(tuple(lanes[n] for n in names), init,
+                              lambda a, b: tuple(x + y for x, y in zip(a, b)), (0,))
+        return dict(zip(names, sums))
+    cols = (jnp.moveaxis(s, -1, 0), jnp.moveaxis(c, -1, 0), jnp.moveaxis(mask, -1, 0))
+    proto = jax.eval_shape(lambda a, b, m: _request_lanes(plan, a, b, m, thr, dt),
+                           cols[0][0], cols[1][0], cols[2][0])
+
+    def body(acc, col):
+        lanes = _request_lanes(plan, col[0], col[1], col[2], thr, dt)
+        return {k: acc[k] + lanes[k] for k in acc}, None
+
+    init = {k: jnp.zeros(v.shape, dt) for k, v in proto.items()}
+    sums, _ = jax.lax.scan(body, init, cols)
+    return sums
+
+
 class _Batch:
-    """Per-step reductions over the request arrays (step.md §4), computed once."""
+    """Per-step reductions over the request arrays (step.md §4), computed in one pass.
+
+    Every per-request quantity a step needs — token counts, the decode reads of each distinct
+    primary-attention shape and the windowed causal FLOPs of each window — is evaluated per
+    request (a min or ceil of a sum is not the sum of the mins) and summed together.
+    """
 
     def __init__(self, plan: Plan, batch: BatchArrays, dt):
-        s_in = jnp.asarray(batch.scheduled).astype(dt)
-        c_in = jnp.asarray(batch.computed).astype(dt)
-        live = jnp.asarray(batch.mask) & (s_in > 0)           # D32: scheduled 0 is padding
-        self.s = s = jnp.where(live, s_in, 0.0)
-        self.c = c = jnp.where(live, jnp.maximum(c_in, 0.0), 0.0)
-        self.ctx = ctx = s + c
-        walk = live & (ctx > 0)
-        thr = jnp.asarray(batch.decode_threshold).astype(dt)
-        self.pre = pre = walk & (s > thr)
-        self.dec = dec = walk & ~pre
-        self.live = live
-        self.n_live = jnp.sum(live.astype(dt), axis=-1)
-        self.tokens = jnp.sum(s, axis=-1)
-        self.any_context = jnp.any(walk & (c > 0), axis=-1)
-        self.uniform = (self.n_live > 0) & jnp.all(~live | (s == plan.uniform_decode_width),
-                                                  axis=-1)
-        if plan.pcp > 1:
-            s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
-            pairs = laws.pcp_causal_pairs(s, c, plan.pcp, plan.dcp)
-            self.chunk_s, self.chunk_c = laws.pcp_busiest_chunks(s, c, plan.pcp, plan.dcp)
-        else:
-            s_loc = s
-            pairs = laws.causal_pairs(s, c)
-            self.chunk_s, self.chunk_c = s[..., None], c[..., None]
-        zero = jnp.zeros_like(s)
-        self.causal_flops = jnp.sum(jnp.where(pre, pairs, zero), axis=-1)
-        self.prefill_tokens = jnp.sum(jnp.where(pre, s_loc, zero), axis=-1)
-        withheld = jnp.sum(jnp.where(pre, s - s_loc, zero), axis=-1)
-        self.prefill_requests = jnp.sum(pre.astype(dt), axis=-1)
-        self.decode_requests = jnp.sum(dec.astype(dt), axis=-1)
-        self.decode_tokens = jnp.sum(jnp.where(dec, s, zero), axis=-1)
-        self.decode_kv_tokens = jnp.sum(jnp.where(dec, ctx, zero), axis=-1)
+        self._batch, self._dt = batch, dt
+        self.sums = sums = _sum_requests(plan, batch, dt)
+        self.tokens = sums["tokens"]
+        self.n_live = sums["n_live"]
+        self.any_context = sums["context"] > 0
+        self.uniform = (self.n_live > 0) & (sums["nonuniform"] <= 0)
+        self.causal_flops = sums["causal_flops"]
+        self.prefill_tokens = sums["prefill_tokens"]
+        self.prefill_requests = sums["prefill_requests"]
+        self.decode_requests = sums["decode_requests"]
+        self.decode_tokens = sums["decode_tokens"]
+        self.decode_kv_tokens = sums["decode_kv_tokens"]
+        withheld = sums.get("withheld", jnp.zeros_like(self.tokens))
         self.t_real = self.tokens - withheld
         self.t_pad = jnp.maximum(jnp.asarray(batch.pad_tokens).astype(dt), 0.0)
         self.t_gemm = self.t_real + self.t_pad
         self.empty = (self.tokens <= 0) & (self.t_pad <= 0)
         self.sm_budget = jnp.asarray(batch.sm_budget).astype(dt)
-        self._reads: dict = {}
-        self._windowed: dict = {}
+
+    def requests(self):
+        """``(s, c, prefill mask)`` per request, for the MLA context gather (DCP only)."""
+        b, dt = self._batch, self._dt
+        s_in = jnp.asarray(b.scheduled).astype(dt)
+        live = jnp.asarray(b.mask) & (s_in > 0)
+        s = jnp.where(live, s_in, 0.0)
+        c = jnp.where(live, jnp.maximum(jnp.asarray(b.computed).astype(dt), 0.0), 0.0)
+        thr = jnp.asarray(b.decode_threshold).astype(dt)[..., None]
+        return s, c, live & (s + c > 0) & (s > thr)
 
     def decode_read(self, plan: Plan, att: AttentionPlan):
-        """Σ over decodes of the primary read per request (step.md §6.3), cached by shape."""
-        sig = (att.kind, att.window, att.index_topk, att.compress_ratio)
-        if sig not in self._reads:
-            read = self.ctx
-            if att.kind == "swa" and att.window > 0:
-                read = jnp.minimum(read, att.window)                          # D3
-            if att.kind == "sparse_mla":
-                t = att.index_topk if att.index_topk > 0 else att.window
-                if t > 0:
-                    read = laws.sparse_read(read, t, att.compress_ratio)
-            if plan.dcp > 1 and att.kind in _SHARDABLE:
-                read = laws.dcp_local(laws.round_half_up(read), plan.dcp, plan.interleave)
-            self._reads[sig] = jnp.sum(jnp.where(self.dec, read, 0.0), axis=-1)
-        return self._reads[sig]
+        """Σ over decodes of the primary read per request (step.md §6.3)."""
+        if not _shaped_read(att, plan):
+            return self.decode_kv_tokens
+        return self.sums["read_%s_%d_%d_%d" % _read_signature(att)]
 
     def windowed(self, window: int):
-        if window not in self._windowed:
-            per_request = laws.windowed_causal_flops(self.chunk_s, self.chunk_c, window,
-                                                     mask=self.pre[..., None])
-            self._windowed[window] = jnp.sum(per_request, axis=-1)
-        return self._windowed[window]
+        """Windowed causal FLOPs of the step's prefill chunks (step.md §2, §6.3)."""
+        return self.sums[f"win{window}"]
 
 
 def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> StepEstimate:
@@ -467,14 +556,15 @@ def _mla_context_gather(plan: Plan, b: _Batch, att: AttentionPlan, coll):
     """Chunked context gathers of DCP-sharded latent prefixes (step.md §6.9)."""
     key = plan.key("all_gather", "DCP")
     group = plan.group("DCP")
-    big = jnp.finfo(b.s.dtype).max
-    order = jnp.argsort(jnp.where(b.pre, b.s, big), axis=-1, stable=True)
-    pre = jnp.take_along_axis(b.pre, order, axis=-1)
-    c = jnp.take_along_axis(b.c, order, axis=-1)
+    s_req, c_req, pre_req = b.requests()
+    big = jnp.finfo(s_req.dtype).max
+    order = jnp.argsort(jnp.where(pre_req, s_req, big), axis=-1, stable=True)
+    pre = jnp.take_along_axis(pre_req, order, axis=-1)
+    c = jnp.take_along_axis(c_req, order, axis=-1)
     breaker = pre & (c <= 0)
     seg = jnp.cumsum(breaker.astype(jnp.int32), axis=-1)
     contrib = jnp.where(pre & (c > 0), c, 0.0)
-    n_seg = b.s.shape[-1] + 1
+    n_seg = s_req.shape[-1] + 1
     onehot = seg[..., None] == jnp.arange(n_seg)
     S = jnp.sum(jnp.where(onehot, contrib[..., None], 0.0), axis=-2)   # (..., n_seg)
     chunk = max(plan.mla_chunk, 1)

@@ -1,0 +1,67 @@
+"""expected.md's properties of jkernel's own estimate ``expected_s``."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jkernel import Batch, StepOptions
+from conftest import catalog_kernel
+from test_properties import batches
+
+HOST = ("host_replay_graph_per_step", "host_launch_eager_per_layer", "host_launch_per_kernel",
+        "kernel_gap", "host_serial")
+EDGE_OPTIONS = StepOptions(expected_refinements=False, expected_routed_max=False)
+
+
+def gpu_only(name: str, options: StepOptions):
+    """The kernel with every host term and expected.md's gap/serial constants at zero, so that
+    ``expected_s`` is its GPU part and the two edges are their GPU parts."""
+    k = catalog_kernel(name)
+    return k.with_options(options).with_params(k.params.replace(**{h: 0.0 for h in HOST}))
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["llama-3.1-70b-h100-tp4", "deepseek-v3-h200-fp8-tp8",
+                        "qwen3-30b-a3b-h200-ep"]), batches())
+def test_expected_lies_between_the_edges_with_refinements_off(name, batch):
+    """With refinements 1–5 off (and routed experts added as the edges add them),
+    overlap ≤ expected ≤ no_overlap: a max of each kernel's two times is sub-additive.
+
+    With ``expected_routed_max`` on, the lower bound cannot hold: the edges add routed compute
+    and memory on purpose (step.md §6.11), expected.md takes their max."""
+    k = gpu_only(name, EDGE_OPTIONS)
+    est = k.step_time(batch)
+    assert est.overlap_s <= est.expected_s * (1 + 1e-12)
+    assert est.expected_s <= est.no_overlap_s * (1 + 1e-12)
+
+
+def test_refinements_lower_a_memory_bound_decode():
+    """The refinements only remove double counting on a memory-bound decode step."""
+    batch = Batch([1] * 32, [4095] * 32)
+    edge = gpu_only("llama-3.1-70b-h100-tp4", EDGE_OPTIONS).step_time(batch)
+    refined = gpu_only("llama-3.1-70b-h100-tp4", StepOptions()).step_time(batch)
+    assert refined.expected_s <= edge.expected_s * 1.01
+    assert refined.expected_s < refined.no_overlap_s
+
+
+def test_logits_only_for_sampled_tokens():
+    """Refinement 4: a 4,096-token prefill samples one token; the edges charge 4,096 logits."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    batch = Batch([4096], [0])
+    on = k.step_time(batch).expected_s
+    off = k.with_options(StepOptions(expected_refinements=False)).step_time(batch).expected_s
+    head = 2 * 128256 * 4096 * 4096 / 989.5e12 / 0.9      # ≥ the head's compute at ramp ≤ ε
+    assert off - on > 0.5 * head
+
+
+def test_kernel_gap_and_host_serial_add_as_stated():
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    batch = Batch([1] * 8, [1000] * 8)
+    base = k.step_time(batch).expected_s
+    gap = k.with_params(k.params.replace(kernel_gap=1e-6)).step_time(batch).expected_s
+    assert gap - base == pytest.approx(k.plan.total_kernels * 1e-6, rel=1e-9)
+    serial = k.with_params(k.params.replace(host_serial=5e-4)).step_time(batch).expected_s
+    assert serial - base == pytest.approx(5e-4, rel=1e-9)

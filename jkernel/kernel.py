@@ -82,25 +82,33 @@ class _Compiled:
                 [est.per_resource_s[r] for r in RESOURCES] + [est.bottleneck.astype(dt)]
             return jnp.stack(jnp.broadcast_arrays(*cols), axis=-1)
 
-        def one(flat, sched, comp, scal):
-            """One batch (``sched``, ``comp``: (R,)) or many (``(B, R)``, ``scal`` (B, 3)):
-            the step function broadcasts over leading batch axes itself (no vmap), which
-            lets it sum requests as vector operations across batches."""
+        def one(flat, packed):
+            """``packed``: int32 ``(..., 2R + 3)`` = scheduled (R), computed (R), then
+            decode_threshold, sm_budget, pad_tokens; one array, so one host→device copy.
+            Leading axes are batches: the step function broadcasts over them itself (no
+            vmap), which lets it sum requests as vector operations across batches."""
             self.traces += 1                       # runs at trace time only
-            batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
-                                scal[..., 2])
+            r = (packed.shape[-1] - 3) // 2
+            sched, comp = packed[..., :r], packed[..., r:2 * r]
+            batch = BatchArrays(sched, comp, comp, sched > 0, packed[..., 2 * r],
+                                packed[..., 2 * r + 1], packed[..., 2 * r + 2])
             return pack(step_fn(unpack(flat), batch))
 
         self.unpack = unpack
         self.pack = pack
         self.one = jax.jit(one)
-        self.sweep = jax.jit(jax.vmap(one, in_axes=(0, None, None, None)))
+        self.sweep = jax.jit(jax.vmap(one, in_axes=(0, None)))
         self.jit_step = jax.jit(step_fn)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled(plan: Plan, options: StepOptions, names: tuple[str, ...]) -> _Compiled:
     return _Compiled(plan, options, names)
+
+
+def max_zero(x):
+    """``max(x, 0)`` elementwise for an int or an array (a negative pad counts as 0, D27)."""
+    return np.maximum(np.asarray(x, np.int64), 0)
 
 
 def _estimate(row: np.ndarray) -> StepEstimate:
@@ -167,29 +175,27 @@ class Kernel:
         size = bucket if bucket is not None else bucket_for(len(batch), self.buckets)
         return BatchArrays(*(jnp.asarray(x) for x in batch.pad_to(size)))
 
-    def _ints(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _packed(self, batch: Batch) -> np.ndarray:
         n = len(batch)
         size = bucket_for(n, self.buckets)
-        sched = np.zeros(size, np.int32)
-        comp = np.zeros(size, np.int32)
-        sched[:n] = batch.scheduled
-        comp[:n] = batch.computed
-        scal = np.array([batch.decode_threshold, batch.sm_budget, batch.pad_tokens], np.int32)
-        return sched, comp, scal
+        packed = np.zeros(2 * size + 3, np.int32)
+        packed[:n] = batch.scheduled
+        packed[size:size + n] = batch.computed
+        packed[2 * size:] = (batch.decode_threshold, batch.sm_budget, batch.pad_tokens)
+        return packed
 
     def step_time(self, batch: Batch) -> StepEstimate:
         """Price one step (jitted; one program per bucket). Fields are Python floats."""
         if not isinstance(batch, Batch):
             raise TypeError(f"step_time takes a jkernel.Batch, not {type(batch).__name__}")
-        sched, comp, scal = self._ints(batch)
-        return _estimate(np.asarray(self._c.one(self._flat, sched, comp, scal)))
+        return _estimate(np.asarray(self._c.one(self._flat, self._packed(batch))))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
-        scal = np.array([1, 0, 0], np.int32)
         for size in buckets or self.buckets:
-            z = np.zeros(size, np.int32)
-            self._c.one(self._flat, z, z, scal).block_until_ready()
+            packed = np.zeros(2 * size + 3, np.int32)
+            packed[-3] = 1
+            self._c.one(self._flat, packed).block_until_ready()
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
@@ -202,11 +208,10 @@ class Kernel:
         in single precision. Memory stays bounded by the chunk, however many batches come.
         Returns a :class:`StepEstimate` of numpy arrays of shape ``(batches,)``.
         """
-        sched, comp, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
-                                              sm_budget, pad_tokens)
+        packed = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+                                   pad_tokens)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda a, b, c: self._c.one(flat, a, b, c),
-                                        sched, comp, scal, chunk))
+        return _estimates(self._chunked(lambda x: self._c.one(flat, x), packed, chunk))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -222,26 +227,24 @@ class Kernel:
         if tuple(params) != self._c.names:
             raise ValueError("params must have exactly the kernel's names")
         flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
-        sched, comp, scal = self._many_inputs(batches, scheduled, computed, decode_threshold,
-                                              sm_budget, pad_tokens)
-        rows = self._chunked(lambda a, b, c: self._c.sweep(flat, a, b, c), sched, comp, scal,
-                             chunk, axis=1)
+        packed = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+                                   pad_tokens)
+        rows = self._chunked(lambda x: self._c.sweep(flat, x), packed, chunk, axis=1)
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
-                     pad_tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     pad_tokens) -> np.ndarray:
+        """Validate and pack many batches into int32 ``(batches, 2R + 3)``."""
         if batches is not None:
             if scheduled is not None or computed is not None:
                 raise ValueError("give either batches or scheduled/computed arrays, not both")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            sched = np.zeros((len(batches), width), np.int32)
-            comp = np.zeros((len(batches), width), np.int32)
-            scal = np.zeros((len(batches), 3), np.int32)
+            packed = np.zeros((len(batches), 2 * width + 3), np.int32)
             for j, b in enumerate(batches):
-                sched[j, :len(b)] = b.scheduled
-                comp[j, :len(b)] = b.computed
-                scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
-            return sched, comp, scal
+                packed[j, :len(b)] = b.scheduled
+                packed[j, width:width + len(b)] = b.computed
+                packed[j, 2 * width:] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
+            return packed
         if scheduled is None:
             raise ValueError("price_many needs batches or a scheduled array")
         s = np.asarray(scheduled)
@@ -249,35 +252,34 @@ class Kernel:
         if s.ndim != 2 or c.shape != s.shape:
             raise ValueError(f"scheduled and computed must both have shape (batches, requests)"
                              f", got {s.shape} and {c.shape}")
-        for name, a in (("scheduled", s), ("computed", c)):
-            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+        for name, x in (("scheduled", s), ("computed", c)):
+            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
                 raise ValueError(f"{name} holds NaN or infinite values")
-            if a.size and a.min() < 0:
+            if x.size and x.min() < 0:
                 raise ValueError(f"{name} must be ≥ 0")
-        nb = s.shape[0]
-        scal = np.stack([np.broadcast_to(np.asarray(x, np.int64), (nb,))
-                         for x in (decode_threshold, sm_budget, pad_tokens)], axis=1)
-        scal = scal.astype(np.int32)
-        scal[:, 2] = np.maximum(scal[:, 2], 0)
-        return (np.ascontiguousarray(s, dtype=np.int32), np.ascontiguousarray(c, dtype=np.int32),
-                scal)
+            if x.size and x.max() >= 2 ** 31:
+                raise ValueError(f"{name} exceeds 2^31 tokens")
+        nb, r = s.shape
+        packed = np.empty((nb, 2 * r + 3), np.int32)
+        packed[:, :r] = s
+        packed[:, r:2 * r] = c
+        for j, x in enumerate((decode_threshold, max_zero(sm_budget), max_zero(pad_tokens))):
+            packed[:, 2 * r + j] = np.broadcast_to(np.asarray(x, np.int64), (nb,))
+        return packed
 
     @staticmethod
-    def _chunked(fn, sched: np.ndarray, comp: np.ndarray, scal: np.ndarray, chunk: int,
-                 axis: int = 0):
-        n = sched.shape[0]
+    def _chunked(fn, packed: np.ndarray, chunk: int, axis: int = 0):
+        n = packed.shape[0]
         if n == 0:
             raise ValueError("no batches to price")
         size = min(chunk, n)
         outs = []
         for start in range(0, n, size):
-            a, b, c = (x[start:start + size] for x in (sched, comp, scal))
-            short = size - a.shape[0]
-            if short:   # pad the last chunk so every chunk runs the same program
-                a, b = (np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
-                        for x in (a, b))
-                c = np.concatenate([c, np.tile(c[-1:], (short, 1))])
-            out = fn(a, b, c)
+            x = packed[start:start + size]
+            short = size - x.shape[0]
+            if short:   # pad the last chunk (empty batches) so every chunk runs one program
+                x = np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
+            out = fn(x)
             outs.append(out if not short else
                         jax.lax.slice_in_dim(out, 0, size - short, axis=axis))
         return np.asarray(jnp.concatenate(outs, axis=axis) if len(outs) > 1 else outs[0])

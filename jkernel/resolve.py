@@ -258,7 +258,7 @@ _CACHE_REFUSED_R15 = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_
                       "fp8_per_token_head")
 
 
-def _served_dtype(quant: str, checkpoint: str) -> str:
+def _served_dtype(quant: str, checkpoint: str, field: str = "engine.quantization") -> str:
     if quant == "":
         return checkpoint
     if quant in _QUANT_FP8:
@@ -271,7 +271,7 @@ def _served_dtype(quant: str, checkpoint: str) -> str:
         return checkpoint
     raise Refusal("R16", f"unknown quantization {quant!r}; allowed: "
                   f"{', '.join(_QUANT_FP8 + _QUANT_FP4 + ('mxfp4',) + _QUANT_GRAPH)}",
-                  field="engine.quantization")
+                  field=field)
 
 
 def _suffix_and_peak(served: str, chip: Chip) -> tuple[str, float]:
@@ -389,7 +389,9 @@ def resolve(inputs: Inputs) -> Resolved:
                       f"nodes_spanned {nodes_spanned}", field="coefficients")
 
     # -- dtypes (§6) ----------------------------------------------------------------------
-    served = _served_dtype(eng.quantization, model.weight_dtype)
+    # resolution.md §13: `field` is the setting's document path, pools[i].engine.… like every
+    # other engine refusal (before: the pool prefix was missing).
+    served = _served_dtype(eng.quantization, model.weight_dtype, f"{pf}.engine.quantization")
     served_bytes = DTYPE_BYTES.get(served, 2.0)
     suffix, peak = _suffix_and_peak(served, chip)
     primaries = [n for lk in model.layer_kinds for n in lk.nodes

@@ -193,6 +193,9 @@ class Plan:
     gemm_names: tuple[str, str, str, str]        # eps_max, m_half, n_half, k_half
     decode_pairs: tuple[tuple[str, str, str], ...]   # (kind, floor name, rate name)
     recurrent_names: tuple[tuple[str, str, str], ...]  # (kind, floor name, rate name)
+    # MTP drafter (expected_s only; D7 leaves it out of the edges): the layer kinds of one
+    # speculator module with their counts, when the engine speculates and the graph has one
+    draft_kinds: tuple[tuple[str, int], ...] = ()
 
     @property
     def bpt_layer(self) -> float:

@@ -693,6 +693,14 @@ def resolve(inputs: Inputs) -> Resolved:
     rec_names = tuple((r, f"recurrent_decode_floor_{r}", f"recurrent_decode_rate_{r}")
                       for r in rec_kinds)
 
+    # expected_s prices the MTP drafter (vLLM v0.31.0 runs one speculator module per draft
+    # token); the edges never do (D7). Only kinds the main stack plans can be priced.
+    draft_kinds: tuple = ()
+    if num_spec > 0 and model.speculator is not None:
+        planned = {k.id for k in kinds}
+        pattern = model.speculator.stack.pattern
+        draft_kinds = tuple((kid, pattern.count(kid)) for kid in dict.fromkeys(pattern)
+                            if kid in planned)
     plan = Plan(
         kinds=kinds, head_flops_per_token=head["flops_per_token"],
         head_weight_bytes=head["weight_bytes"], hidden_size=model.hidden_size,
@@ -708,7 +716,8 @@ def resolve(inputs: Inputs) -> Resolved:
         decode_mode=decode_mode, other_mode=other_mode, capture_ceiling=ceiling,
         uniform_decode_width=uniform_width, num_spec=num_spec, kv_bytes_per_token=kvB,
         kv_kind=kv_kind, block_size=block, dcp_comm_backend=dcp_backend, mla_chunk=mla_chunk,
-        gemm_names=tuple(gemm), decode_pairs=tuple(decode_pairs), recurrent_names=rec_names)
+        gemm_names=tuple(gemm), decode_pairs=tuple(decode_pairs), recurrent_names=rec_names,
+        draft_kinds=draft_kinds)
 
     # -- params pytree ------------------------------------------------------------------
     values: dict[str, float] = {}

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from . import laws
-from .plan import EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, Plan
+from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan,
+                   Plan)
 
 __all__ = ["RESOURCES", "BatchArrays", "StepEstimate", "StepOptions", "make_step_fn"]
 
@@ -148,20 +149,30 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
     if plan.pcp > 1:
         lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
     for name, att in _read_lanes(plan).items():
-        read = ctx
-        if att.kind == "swa" and att.window > 0:
-            read = jnp.minimum(read, att.window)                                 # D3
-        if att.kind == "sparse_mla":
-            t = att.index_topk if att.index_topk > 0 else att.window
-            if t > 0:
-                read = laws.sparse_read(read, t, att.compress_ratio)
-        if plan.dcp > 1 and att.kind in _SHARDABLE:
-            read = laws.dcp_local(laws.round_half_up(read), plan.dcp, plan.interleave)
-        lanes[name] = jnp.where(dec, read, zero)
+        lanes[name] = jnp.where(dec, _primary_read(plan, att, ctx), zero)
+    if plan.draft_kinds:
+        # a later draft pass: every live request runs one token at its context + 1
+        lanes["draft_context"] = jnp.where(walk, ctx + 1.0, zero)
+        for name, att in _read_lanes(plan).items():
+            lanes["draft_" + name] = jnp.where(walk, _primary_read(plan, att, ctx + 1.0), zero)
     for window in _windows(plan):
         lanes[f"win{window}"] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
                                                            mask=pre[..., None])
     return {k: v.astype(dt) for k, v in lanes.items()}
+
+
+def _primary_read(plan: Plan, att: AttentionPlan, ctx):
+    """Tokens one decode reads from the primary attention's cache (step.md §6.3)."""
+    read = ctx
+    if att.kind == "swa" and att.window > 0:
+        read = jnp.minimum(read, att.window)                                     # D3
+    if att.kind == "sparse_mla":
+        t = att.index_topk if att.index_topk > 0 else att.window
+        if t > 0:
+            read = laws.sparse_read(read, t, att.compress_ratio)
+    if plan.dcp > 1 and att.kind in _SHARDABLE:
+        read = laws.dcp_local(laws.round_half_up(read), plan.dcp, plan.interleave)
+    return read
 
 
 def _shaped_read(att: AttentionPlan, plan: Plan) -> bool:
@@ -267,218 +278,313 @@ class _Batch:
         return self.sums[f"win{window}"]
 
 
-def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> StepEstimate:
-    P = params["peak_flops_per_s"]
-    dt = jnp.result_type(P)
-    zero = jnp.zeros((), dt)
-    b = _Batch(plan, batch, dt)
-    refine = options.expected_refinements
-    mx = lambda *v: _maximum(options, *v)  # noqa: E731
+class _Constants:
+    """The params a step reads, lifted once per call (step.md §3), and the two lookups every
+    layer uses: the collective law on NVLink or the NIC, and the attention decode pair."""
 
-    B_hbm = params["hbm_bytes_per_s"] * params["hbm_derate"]
-    eps, m_half = params[plan.gemm_names[0]], params[plan.gemm_names[1]]
-    n_half = params[plan.gemm_names[2]] if plan.shape_aware else zero
-    k_half = params[plan.gemm_names[3]] if plan.shape_aware else zero
-    imb_raw = params.get("moe_routing_imbalance_median", zero)
-    imb = jnp.where(imb_raw > 0, imb_raw, 1.0)
-    ratio = params["nvlink_bytes_per_s"] / params["nic_bytes_per_s"]
-    sm_count = params["sm_count"]
-    budget = b.sm_budget
-    sm_derate = jnp.where((budget > 0) & (budget < sm_count),
-                          sm_count / jnp.where(budget > 0, budget, 1.0), 1.0)
-    r_g = laws.ramp(b.t_gemm, eps, m_half)
-    r_a = laws.ramp(b.t_real, eps, m_half)
-    tp = plan.tp
-    H = plan.hidden_size
-    bpt = plan.bpt_layer
+    def __init__(self, plan: Plan, params):
+        self.params = params
+        self.P = params["peak_flops_per_s"]
+        self.dt = jnp.result_type(self.P)
+        self.zero = jnp.zeros((), self.dt)
+        self.B_hbm = params["hbm_bytes_per_s"] * params["hbm_derate"]
+        self.eps, self.m_half = params[plan.gemm_names[0]], params[plan.gemm_names[1]]
+        self.n_half = params[plan.gemm_names[2]] if plan.shape_aware else self.zero
+        self.k_half = params[plan.gemm_names[3]] if plan.shape_aware else self.zero
+        imb = params.get("moe_routing_imbalance_median", self.zero)
+        self.imb = jnp.where(imb > 0, imb, 1.0)
+        self.ratio = params["nvlink_bytes_per_s"] / params["nic_bytes_per_s"]
+        self.plan = plan
 
-    def coll(key: CollectiveKey | None, group: GroupPlan, nbytes, a2a: bool):
-        """One collective launch → (nvlink_s, nic_s), priced by the measured law."""
+    def coll(self, key: CollectiveKey | None, group: GroupPlan, nbytes, a2a: bool):
+        """One collective launch → ``(nvlink_s, nic_s)``, priced by the measured law; a group
+        that crosses nodes pays the span on its bytes (step.md §6.8)."""
         if key is None:
-            return zero, zero
-        law = lambda x: laws.collective_time(x, params[key.floor], params[key.peak],  # noqa
-                                             params[key.transition])
+            return self.zero, self.zero
+        p = self.params
+        law = lambda x: laws.collective_time(x, p[key.floor], p[key.peak],  # noqa: E731
+                                             p[key.transition])
         if group.crosses:
             span = (laws.a2a_span if a2a else laws.ring_span)(group.width, group.per_node,
-                                                              ratio)
-            return zero, law(nbytes * span)
-        return law(nbytes), zero
+                                                              self.ratio)
+            return self.zero, law(nbytes * span)
+        return law(nbytes), self.zero
 
-    def pair(kind: str):
-        f0, r0 = params["attention_decode_floor"], params["attention_decode_rate"]
-        for k, fn, rn in plan.decode_pairs[1:]:
+    def pair(self, kind: str):
+        """``(floor_s, rate)`` of decode attention for ``kind`` (step.md §3, ``pair``)."""
+        p = self.params
+        f0, r0 = p["attention_decode_floor"], p["attention_decode_rate"]
+        for k, fn, rn in self.plan.decode_pairs[1:]:
             if k == kind:
-                use = params[rn] > 0
-                return jnp.where(use, params[fn], f0), jnp.where(use, params[rn], r0)
+                use = p[rn] > 0
+                return jnp.where(use, p[fn], f0), jnp.where(use, p[rn], r0)
         return f0, r0
 
-    has_dec = b.decode_requests > 0
-    has_pre = b.prefill_requests > 0
-    SM = HBM = NVL = NIC = stages = zero
-    gpu_expected = zero
 
+class _Step:
+    """One batch's token counts with the quantities every layer shares (§4, §5, §6.11)."""
+
+    def __init__(self, plan: Plan, c: _Constants, batch: BatchArrays):
+        self.b = b = _Batch(plan, batch, c.dt)
+        sm_count = c.params["sm_count"]
+        budget = b.sm_budget
+        self.sm_derate = jnp.where((budget > 0) & (budget < sm_count),
+                                   sm_count / jnp.where(budget > 0, budget, 1.0), 1.0)
+        self.r_g = laws.ramp(b.t_gemm, c.eps, c.m_half)
+        self.r_a = laws.ramp(b.t_real, c.eps, c.m_half)
+        self.has_dec = b.decode_requests > 0
+        self.has_pre = b.prefill_requests > 0
+
+
+class _LayerCost(NamedTuple):
+    """One layer of one kind, per rank, seconds (step.md §6.11 and expected.md)."""
+
+    dense_sm: jax.Array
+    dense_hbm: jax.Array
+    routed_sm: jax.Array
+    routed_hbm: jax.Array
+    nvlink: jax.Array
+    nic: jax.Array
+    expected: jax.Array
+
+
+def _layer(kind: KindPlan, plan: Plan, options: StepOptions, c: _Constants, st: _Step
+           ) -> _LayerCost:
+    """Price one layer of ``kind`` (step.md §6.1–§6.11), and its ``expected_s`` share."""
+    b, P, B_hbm, zero = st.b, c.P, c.B_hbm, c.zero
+    derate, r_g, r_a = st.sm_derate, st.r_g, st.r_a
+    refine = options.expected_refinements
+    mx = lambda *v: _maximum(options, *v)  # noqa: E731
+    tp, att = plan.tp, kind.attention
+    gemm_flops = dense_shaped_s = weight_bytes = zero
+    routed_sm = routed_hbm = zero
+    attn_sm_s = attn_hbm_s = attn_flops = kv_fallback = recurrent_s = zero
+    nvl = nic = expected = zero
+
+    # -- dense GEMMs (§6.1); expected: each GEMM at max(compute, memory) ----------------
+    for g in kind.gemms:
+        n_r, k_r = (g.n / tp, g.k) if g.shard_n else (g.n, g.k / tp)
+        frac = 1.0 / tp
+        if refine:                                    # refinement 1: vLLM's real sharding
+            frac = g.vllm_rank_fraction
+            if frac >= 1.0:
+                n_r, k_r = g.n, g.k
+            elif g.shard_n:
+                n_r = g.n * frac
+        if plan.shape_aware:
+            e_spec = laws.eff_shaped(b.t_gemm, (g.n / tp if g.shard_n else g.n),
+                                     (g.k if g.shard_n else g.k / tp), c.eps, c.m_half,
+                                     c.n_half, c.k_half)
+            dense_shaped_s += laws.compute_time(b.t_gemm * g.flops_per_token / tp, P, e_spec)
+            e_exp = laws.eff_shaped(b.t_gemm, n_r, k_r, c.eps, c.m_half, c.n_half, c.k_half)
+        else:
+            e_exp = r_g
+        compute, memory = laws.gemm_times(b.t_gemm, n_r, k_r, g.weight_bytes * frac, P, B_hbm,
+                                          e_exp, 2.0 if refine else 0.0)   # refinement 2
+        expected += mx(compute * derate, memory)
+    if not plan.shape_aware:
+        gemm_flops += b.t_gemm * kind.dense_flops_per_token / tp
+    weight_bytes += kind.dense_weight_bytes / tp
+
+    # -- mixture of experts (§6.2) ---------------------------------------------------------
+    if kind.moe:
+        routed_flops, routed_bytes = laws.routed_expert_work(
+            b.t_gemm * plan.funnel, kind.top_k, plan.local_expert_share,
+            kind.expert_flops_per_token_per_expert, c.imb, plan.dp_slice,
+            plan.physical_experts, plan.experts_per_rank, kind.expert_weight_bytes_per_expert,
+            plan.expert_tensor_shards)
+        routed_sm = laws.safe_div(routed_flops, P * r_g) * derate
+        routed_hbm = laws.memory_time(routed_bytes, B_hbm)
+        shared_flops = b.t_gemm * kind.shared_expert_flops_per_token / tp
+        gemm_flops += shared_flops                    # shared experts price as dense
+        weight_bytes += kind.shared_expert_weight_bytes / tp
+        expected += (mx(routed_sm, routed_hbm) if options.expected_routed_max
+                     else routed_sm + routed_hbm)
+        expected += mx(laws.safe_div(shared_flops, P * r_g) * derate,
+                       kind.shared_expert_weight_bytes / tp / B_hbm)
+
+    # -- primary attention (§6.3), secondaries (§6.4), KV fallback (§6.6) -----------------
+    if att is not None:
+        f_dec, r_dec = c.pair(att.kind)
+        T = b.decode_read(plan, att)
+        with_rate = r_dec > 0
+        attn_hbm_s += jnp.where(st.has_dec & with_rate,
+                                laws.floor_plus_rate(T * plan.bpt_layer, f_dec, r_dec), 0.0)
+        kv_fallback = jnp.where(st.has_dec & ~with_rate, T * plan.bpt_layer, 0.0)
+        causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
+        f_p = c.params["attention_prefill_floor"]
+        w_p = c.params["attention_prefill_work_scale"]
+        scaled = w_p > 0
+        attn_work = causal * att.n_q * att.d_h / tp
+        exp_work = attn_work
+        if refine and att.kind in _LATENT and att.qk_nope_head_dim and att.v_head_dim:
+            # refinement 3: MLA prefill runs decompressed; per pair per head
+            # 2·(qk_nope + qk_rope) + 2·v_head FLOPs instead of 4·d_h.
+            per_pair = 2 * (att.qk_nope_head_dim + att.qk_rope_head_dim) + 2 * att.v_head_dim
+            exp_work = causal / 4.0 * per_pair * att.n_q / tp
+        w_safe = jnp.where(scaled, w_p, 1.0)
+        pre_sm = jnp.where(st.has_pre & scaled, laws.prefill_attention_time(
+            attn_work, f_p, P, r_a, w_safe, derate), 0.0)
+        exp_pre_sm = jnp.where(st.has_pre & scaled, laws.prefill_attention_time(
+            exp_work, f_p, P, r_a, w_safe, derate), 0.0)
+        attn_sm_s += pre_sm
+        attn_flops += jnp.where(st.has_pre & ~scaled, attn_work, 0.0)
+        exp_attn_flops = jnp.where(st.has_pre & ~scaled, exp_work, 0.0)
+        if att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell:
+            # single-launch rule: one varlen launch for a mixed batch (D4 on a tie)
+            cond = st.has_dec & st.has_pre & with_rate & scaled
+            attn_hbm_s -= jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)
+            attn_sm_s -= jnp.where(cond & (f_dec > f_p), f_p, 0.0)
+        for a in kind.secondaries:
+            f_a, r_sec = c.pair(a.kind)
+            per_token = plan.bpt_layer * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
+            T2 = b.decode_kv_tokens
+            if a.window > 0:
+                T2 = jnp.minimum(T2, a.window * b.decode_requests)
+            if a.compress_ratio > 1:
+                T2 = T2 / a.compress_ratio
+            if plan.dcp > 1 and a.kind in _SHARDABLE:
+                T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
+            attn_hbm_s += jnp.where(st.has_dec & (r_sec > 0),
+                                    laws.floor_plus_rate(T2 * per_token, f_a, r_sec), 0.0)
+        expected += (attn_hbm_s + (attn_sm_s - pre_sm + exp_pre_sm)
+                     + laws.safe_div(exp_attn_flops, P * r_a) * derate + kv_fallback / B_hbm)
+
+    # -- recurrent mixers (§6.5) -----------------------------------------------------------
+    if kind.recurrent is not None:
+        for rk, fn, rn in plan.recurrent_names:
+            if rk == kind.recurrent.kind:
+                f_r, rho = c.params[fn], c.params[rn]
+                ok = (f_r > 0) & (rho > 0)
+                recurrent_s = jnp.where(ok, laws.floor_plus_rate(b.t_real, f_r, rho), 0.0)
+        expected += recurrent_s
+
+    # -- elementwise (§6.7) ----------------------------------------------------------------
+    elementwise = b.t_gemm * kind.elementwise_bytes_per_token / tp
+    expected += elementwise / B_hbm
+
+    # -- graph collectives (§6.8) ----------------------------------------------------------
+    for coll in kind.collectives:
+        nbytes = b.t_gemm * plan.hidden_size * 2.0
+        if coll.op == "alltoall" and kind.top_k > 0 and coll.routed:
+            nbytes = nbytes * kind.top_k
+        dv, dn = c.coll(plan.key(coll.op, coll.group), plan.group(coll.group), nbytes,
+                        coll.op == "alltoall" and coll.routed)
+        nvl, nic = nvl + dv, nic + dn
+        launches = 2 if (refine and coll.op == "alltoall") else 1    # refinement 5
+        expected += launches * (dv + dn)
+
+    # -- DCP collectives (§6.9) and PCP gathers (§6.10) ------------------------------------
+    cp_v, cp_n = _context_parallel_collectives(plan, b, att, c.coll, zero, kind.secondaries)
+    nvl, nic = nvl + cp_v, nic + cp_n
+    expected += cp_v + cp_n
+
+    # -- composition (§6.11) ---------------------------------------------------------------
+    dense_sm = (laws.safe_div(gemm_flops, P * r_g) * derate + dense_shaped_s * derate
+                + laws.safe_div(attn_flops, P * r_a) * derate + recurrent_s + attn_sm_s)
+    dense_hbm = (weight_bytes + kv_fallback + elementwise) / B_hbm + attn_hbm_s
+    return _LayerCost(dense_sm, dense_hbm, routed_sm, routed_hbm, nvl, nic, expected)
+
+
+def _head(plan: Plan, c: _Constants, st: _Step, tokens):
+    """LM head over ``tokens`` rows (step.md §7): ``(sm_s, hbm_s)``, 0 when no real token."""
+    real = st.b.t_real > 0
+    ramp = laws.ramp(tokens, c.eps, c.m_half)
+    sm = jnp.where(real, laws.safe_div(tokens * plan.head_flops_per_token / plan.tp,
+                                       c.P * ramp) * st.sm_derate, 0.0)
+    hbm = jnp.where(real, plan.head_weight_bytes / plan.tp / c.B_hbm, 0.0)
+    return sm, hbm
+
+
+def _draft(plan: Plan, options: StepOptions, c: _Constants, st: _Step, first: dict):
+    """expected_s only: the MTP drafter's work after the target pass.
+
+    vLLM v0.31.0 runs one speculator module per draft token: the first over the step's
+    tokens (the target's hidden states), each later one over one token per request; every
+    pass computes the logits of one token per request. The edges leave the drafter unpriced
+    (D7). ``first`` maps a kind id to its layer's expected seconds in this step.
+    """
+    n = st.b.n_live
+    total = sum((count * first[kid] for kid, count in plan.draft_kinds), c.zero)
+    if plan.num_spec > 1:
+        later = _Step.__new__(_Step)
+        later.b = _DraftBatch(st.b)
+        later.sm_derate, later.has_dec, later.has_pre = st.sm_derate, n > 0, n < 0
+        later.r_g = later.r_a = laws.ramp(n, c.eps, c.m_half)
+        kinds = {k.id: k for k in plan.kinds}
+        per_pass = sum((count * _layer(kinds[kid], plan, options, c, later).expected
+                        for kid, count in plan.draft_kinds), c.zero)
+        total += (plan.num_spec - 1) * per_pass
+    total += plan.num_spec * _maximum(options, *_head(plan, c, st, n))
+    return jnp.where(n > 0, total, 0.0)
+
+
+class _DraftBatch:
+    """Token counts of a later draft pass: every live request decodes one token at its
+    context after the target pass. Quacks like :class:`_Batch` for :func:`_layer`."""
+
+    def __init__(self, b: _Batch):
+        n = b.n_live
+        zero = jnp.zeros_like(n)
+        self._b = b
+        self.tokens = self.t_real = self.t_gemm = self.decode_tokens = n
+        self.decode_requests = self.n_live = n
+        self.t_pad = self.prefill_requests = self.prefill_tokens = self.causal_flops = zero
+        self.decode_kv_tokens = b.sums["draft_context"]
+        self.any_context = n > 0
+        self.empty = n <= 0
+        self.uniform = n > 0
+        self.sm_budget = b.sm_budget
+
+    def decode_read(self, plan: Plan, att: AttentionPlan):
+        if not _shaped_read(att, plan):
+            return self.decode_kv_tokens
+        return self._b.sums["draft_read_%s_%d_%d_%d" % _read_signature(att)]
+
+    def windowed(self, window: int):
+        return jnp.zeros_like(self.tokens)
+
+    def requests(self):
+        """No prefill rows: nothing to gather (step.md §6.9)."""
+        s, c, pre = self._b.requests()
+        return jnp.zeros_like(s), jnp.zeros_like(c), jnp.zeros_like(pre)
+
+
+def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> StepEstimate:
+    c = _Constants(plan, params)
+    st = _Step(plan, c, batch)
+    b = st.b
+    mx = lambda *v: _maximum(options, *v)  # noqa: E731
+    zero = c.zero
+    SM = HBM = NVL = NIC = stages = gpu_expected = zero
+    per_kind: dict = {}
     for kind in plan.kinds:
-        att = kind.attention
-        gemm_flops = dense_shaped_s = weight_bytes = zero
-        routed_sm = routed_hbm = zero
-        attn_sm_s = attn_hbm_s = attn_flops = kv_fallback = recurrent_s = zero
-        nvl = nic = zero
-        exp_layer = zero
-
-        # -- dense GEMMs (§6.1) ------------------------------------------------------------
-        for g in kind.gemms:
-            n_r, k_r = (g.n / tp, g.k) if g.shard_n else (g.n, g.k / tp)
-            frac = 1.0 / tp
-            if refine:
-                frac = g.vllm_rank_fraction
-                if frac >= 1.0:
-                    n_r, k_r = g.n, g.k
-                elif g.shard_n:
-                    n_r = g.n * frac
-            if plan.shape_aware:
-                e_spec = laws.eff_shaped(b.t_gemm, (g.n / tp if g.shard_n else g.n),
-                                         (g.k if g.shard_n else g.k / tp), eps, m_half,
-                                         n_half, k_half)
-                dense_shaped_s += laws.compute_time(b.t_gemm * g.flops_per_token / tp, P,
-                                                    e_spec)
-                e_exp = laws.eff_shaped(b.t_gemm, n_r, k_r, eps, m_half, n_half, k_half)
-            else:
-                e_exp = r_g
-            compute, memory = laws.gemm_times(b.t_gemm, n_r, k_r, g.weight_bytes * frac, P,
-                                              B_hbm, e_exp, 2.0 if refine else 0.0)
-            exp_layer += mx(compute * sm_derate, memory)
-        if not plan.shape_aware:
-            gemm_flops += b.t_gemm * kind.dense_flops_per_token / tp
-        weight_bytes += kind.dense_weight_bytes / tp
-
-        # -- mixture of experts (§6.2) -------------------------------------------------------
-        if kind.moe:
-            routed_tokens = b.t_gemm * plan.funnel
-            routed_flops, routed_bytes = laws.routed_expert_work(
-                routed_tokens, kind.top_k, plan.local_expert_share,
-                kind.expert_flops_per_token_per_expert, imb, plan.dp_slice,
-                plan.physical_experts, plan.experts_per_rank,
-                kind.expert_weight_bytes_per_expert, plan.expert_tensor_shards)
-            routed_sm = laws.safe_div(routed_flops, P * r_g) * sm_derate
-            routed_hbm = laws.memory_time(routed_bytes, B_hbm)
-            shared_flops = b.t_gemm * kind.shared_expert_flops_per_token / tp
-            gemm_flops += shared_flops
-            weight_bytes += kind.shared_expert_weight_bytes / tp
-            routed_exp = (mx(routed_sm, routed_hbm) if options.expected_routed_max
-                          else routed_sm + routed_hbm)
-            exp_layer += routed_exp + mx(laws.safe_div(shared_flops, P * r_g) * sm_derate,
-                                         kind.shared_expert_weight_bytes / tp / B_hbm)
-
-        # -- primary attention (§6.3), secondaries (§6.4) ---------------------------------
-        if att is not None:
-            f_dec, r_dec = pair(att.kind)
-            T = b.decode_read(plan, att)
-            with_rate = r_dec > 0
-            attn_hbm_s += jnp.where(has_dec & with_rate,
-                                    laws.floor_plus_rate(T * bpt, f_dec, r_dec), 0.0)
-            kv_fallback = jnp.where(has_dec & ~with_rate, T * bpt, 0.0)
-            causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
-            f_p = params["attention_prefill_floor"]
-            w_p = params["attention_prefill_work_scale"]
-            scaled = w_p > 0
-            attn_work = causal * att.n_q * att.d_h / tp
-            exp_work = attn_work
-            if refine and att.kind in _LATENT and att.qk_nope_head_dim and att.v_head_dim:
-                # expected.md refinement 3: MLA prefill runs decompressed; per pair per head
-                # 2·(qk_nope + qk_rope) + 2·v_head FLOPs instead of 4·d_h.
-                per_pair = 2 * (att.qk_nope_head_dim + att.qk_rope_head_dim) + 2 * att.v_head_dim
-                exp_work = causal / 4.0 * per_pair * att.n_q / tp
-            w_safe = jnp.where(scaled, w_p, 1.0)
-            pre_sm = jnp.where(has_pre & scaled, laws.prefill_attention_time(
-                attn_work, f_p, P, r_a, w_safe, sm_derate), 0.0)
-            exp_pre_sm = jnp.where(has_pre & scaled, laws.prefill_attention_time(
-                exp_work, f_p, P, r_a, w_safe, sm_derate), 0.0)
-            attn_sm_s += pre_sm
-            attn_flops += jnp.where(has_pre & ~scaled, attn_work, 0.0)
-            exp_attn_flops = jnp.where(has_pre & ~scaled, exp_work, 0.0)
-            if att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell:
-                cond = has_dec & has_pre & with_rate & scaled
-                dec_removed = jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)       # D4
-                pre_removed = jnp.where(cond & (f_dec > f_p), f_p, 0.0)
-                attn_hbm_s -= dec_removed
-                attn_sm_s -= pre_removed
-            for a in kind.secondaries:
-                f_a, r_a2 = pair(a.kind)
-                per_token = bpt * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
-                T2 = b.decode_kv_tokens
-                if a.window > 0:
-                    T2 = jnp.minimum(T2, a.window * b.decode_requests)
-                if a.compress_ratio > 1:
-                    T2 = T2 / a.compress_ratio
-                if plan.dcp > 1 and a.kind in _SHARDABLE:
-                    T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
-                attn_hbm_s += jnp.where(has_dec & (r_a2 > 0),
-                                        laws.floor_plus_rate(T2 * per_token, f_a, r_a2), 0.0)
-            exp_layer += (attn_hbm_s + (attn_sm_s - pre_sm + exp_pre_sm)
-                          + laws.safe_div(exp_attn_flops, P * r_a) * sm_derate
-                          + kv_fallback / B_hbm)
-
-        # -- recurrent mixers (§6.5) --------------------------------------------------------
-        if kind.recurrent is not None:
-            for rk, fn, rn in plan.recurrent_names:
-                if rk == kind.recurrent.kind:
-                    f_r, rho = params[fn], params[rn]
-                    ok = (f_r > 0) & (rho > 0)
-                    recurrent_s = jnp.where(ok, laws.floor_plus_rate(b.t_real, f_r, rho), 0.0)
-            exp_layer += recurrent_s
-
-        # -- elementwise (§6.7) -------------------------------------------------------------
-        elementwise = b.t_gemm * kind.elementwise_bytes_per_token / tp
-        exp_layer += elementwise / B_hbm
-
-        # -- graph collectives (§6.8) -------------------------------------------------------
-        for c in kind.collectives:
-            nbytes = b.t_gemm * H * 2.0
-            if c.op == "alltoall" and kind.top_k > 0 and c.routed:
-                nbytes = nbytes * kind.top_k
-            key = plan.key(c.op, c.group)
-            dv, dn = coll(key, plan.group(c.group), nbytes, c.op == "alltoall" and c.routed)
-            nvl, nic = nvl + dv, nic + dn
-            launches = 2 if (refine and c.op == "alltoall") else 1   # refinement 5
-            exp_layer += launches * (dv + dn)
-
-        # -- DCP collectives (§6.9) and PCP gathers (§6.10) ---------------------------------
-        cp_v, cp_n = _context_parallel_collectives(plan, b, att, coll, zero)
-        nvl, nic = nvl + cp_v, nic + cp_n
-        exp_layer += cp_v + cp_n
-
-        # -- composition (§6.11) --------------------------------------------------------------
-        dense_sm = (laws.safe_div(gemm_flops, P * r_g) * sm_derate + dense_shaped_s * sm_derate
-                    + laws.safe_div(attn_flops, P * r_a) * sm_derate + recurrent_s + attn_sm_s)
-        dense_hbm = (weight_bytes + kv_fallback + elementwise) / B_hbm + attn_hbm_s
-        stage = mx(dense_sm, dense_hbm, nvl, nic) + routed_sm + routed_hbm
+        cost = _layer(kind, plan, options, c, st)
         n = kind.count
-        stages += n * stage
-        SM += n * (dense_sm + routed_sm)
-        HBM += n * (dense_hbm + routed_hbm)
-        NVL += n * nvl
-        NIC += n * nic
-        gpu_expected += n * exp_layer
+        stages += n * (mx(cost.dense_sm, cost.dense_hbm, cost.nvlink, cost.nic)
+                       + cost.routed_sm + cost.routed_hbm)
+        SM += n * (cost.dense_sm + cost.routed_sm)
+        HBM += n * (cost.dense_hbm + cost.routed_hbm)
+        NVL += n * cost.nvlink
+        NIC += n * cost.nic
+        gpu_expected += n * cost.expected
+        per_kind[kind.id] = cost.expected
 
-    # -- LM head (§7) ------------------------------------------------------------------------
-    real = b.t_real > 0
-    head_sm = jnp.where(real, laws.safe_div(b.t_real * plan.head_flops_per_token / tp,
-                                            P * r_a) * sm_derate, 0.0)
-    head_hbm = jnp.where(real, plan.head_weight_bytes / tp / B_hbm, 0.0)
+    # -- LM head (§7): logits for every real token -----------------------------------------
+    head_sm, head_hbm = _head(plan, c, st, b.t_real)
     head_overlap = mx(head_sm, head_hbm)
     SM += head_sm
     HBM += head_hbm
-    if refine:
-        # expected.md refinement 4: logits only for the sampled positions
+    if options.expected_refinements:
+        # refinement 4: logits only for the sampled positions
         sampled = jnp.minimum(b.t_real, b.n_live * plan.uniform_decode_width)
-        r_s = laws.ramp(sampled, eps, m_half)
-        head_exp_sm = jnp.where(real, laws.safe_div(sampled * plan.head_flops_per_token / tp,
-                                                    P * r_s) * sm_derate, 0.0)
-        gpu_expected += mx(head_exp_sm, head_hbm)
+        gpu_expected += mx(*_head(plan, c, st, sampled))
+        if plan.draft_kinds:
+            gpu_expected += _draft(plan, options, c, st, per_kind)
     else:
         gpu_expected += head_overlap
 
-    # -- host (§8) ----------------------------------------------------------------------------
+    # -- host (§8) -------------------------------------------------------------------------
     mode = jnp.where((b.n_live <= 0) | b.uniform, plan.decode_mode, plan.other_mode)
     mode = jnp.where(b.tokens + b.t_pad > plan.capture_ceiling, EAGER, mode)
     replay = params["host_replay_graph_per_step"]
@@ -487,9 +593,10 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
                                    params["host_launch_eager_per_layer"] * plan.total_layers))
     launches = params["host_launch_per_kernel"] * plan.total_kernels
     host = per_step + jnp.where(b.empty, 0.0, launches)
+    # expected.md: a FULL graph launches its own kernels
     host_exp = per_step + jnp.where(b.empty | (mode == FULL), 0.0, launches)
 
-    # -- totals (§9) -------------------------------------------------------------------------
+    # -- totals (§9) -----------------------------------------------------------------------
     keep = ~b.empty
     SM, HBM, NVL, NIC = (jnp.where(keep, x, 0.0) for x in (SM, HBM, NVL, NIC))
     no_overlap = SM + HBM + NVL + NIC + host
@@ -505,8 +612,9 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
 
 
 def _context_parallel_collectives(plan: Plan, b: _Batch, att: AttentionPlan | None, coll,
-                                  zero):
-    """DCP query/LSE/output collectives, MLA context gathers and PCP KV gathers."""
+                                  zero, secondaries: tuple[AttentionPlan, ...] = ()):
+    """DCP query/LSE/output collectives, MLA context gathers and PCP KV gathers (the primary's
+    latent and rope key, and each secondary attention's key: ``secondaries``)."""
     nvl = nic = zero
     if att is None or att.n_q <= 0:
         return nvl, nic
@@ -549,6 +657,11 @@ def _context_parallel_collectives(plan: Plan, b: _Batch, att: AttentionPlan | No
             charge("all_gather", "PCP", rows * (att.d_h - att.kv_lora_rank) * 2.0, some)
         else:
             charge("all_gather", "PCP", rows * att.d_h * 2.0, some)
+        # step.md §6.10: one more gather per secondary attention with a key (the indexer's,
+        # rows·n_kv·d_h·2 bytes). (Before: the secondaries' gathers were not charged.)
+        for a in secondaries:
+            if a.n_kv > 0 and a.d_h > 0:
+                charge("all_gather", "PCP", rows * a.n_kv * a.d_h * 2.0, some)
     return nvl, nic
 
 

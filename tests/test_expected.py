@@ -65,3 +65,29 @@ def test_kernel_gap_and_host_serial_add_as_stated():
     assert gap - base == pytest.approx(k.plan.total_kernels * 1e-6, rel=1e-9)
     serial = k.with_params(k.params.replace(host_serial=5e-4)).step_time(batch).expected_s
     assert serial - base == pytest.approx(5e-4, rel=1e-9)
+
+
+def _speculative(num_spec: int):
+    import jkernel
+    from jkernel import catalog
+
+    text = (catalog.catalog_root() / "scenarios" / "deepseek-v3-h200-fp8-tp8.yaml").read_text()
+    if num_spec:
+        text = text.replace("      cudagraph_mode: PIECEWISE",
+                            "      cudagraph_mode: PIECEWISE\n      speculative: {method: "
+                            f"deepseek_mtp, num_spec_tokens: {num_spec}}}")
+    return jkernel.open(text)
+
+
+def test_mtp_draft_layers_are_priced_in_expected_only():
+    """Issue 6: the speculator's draft layers are priced in expected_s (one module per draft
+    token); the edges keep D7 and leave them out."""
+    batch = Batch([2] * 16, [3000] * 16, decode_threshold=2)
+    plain, one, two = (_speculative(n) for n in (0, 1, 2))
+    assert one.plan.draft_kinds == (("attn_moe", 1),) and plain.plan.draft_kinds == ()
+    e0, e1, e2 = (k.step_time(batch) for k in (plain, one, two))
+    for field in ("sm", "hbm", "nvlink", "nic"):
+        assert e1.per_resource_s[field] == e0.per_resource_s[field]
+    assert e0.expected_s < e1.expected_s < e2.expected_s
+    # one draft pass costs about one MoE layer of the step: a 61-layer model gains ~1/61
+    assert (e1.expected_s - e0.expected_s) / e0.expected_s == pytest.approx(1 / 61, rel=0.5)

@@ -299,10 +299,6 @@ def test_reference_values_are_shipped():
 
 # ------------------------------------------------------------------ scenarios (§2, §3)
 
-MODELS = {"llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "llama-3.1-405b", "qwen3-14b",
-          "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b-v0.1",
-          "mixtral-8x22b-v0.1", "deepseek-v3", "kimi-k2.5", "gpt-oss-120b", "gpt-oss-20b",
-          "minimax-m2.5", "llama-4-scout-17b-16e"}
 ENGINE_KEYS = {"quantization", "cache_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype",
                "mamba_cache_mode", "block_size", "max_num_batched_tokens", "max_num_seqs",
                "max_model_len", "cudagraph_mode", "gpu_memory_utilization", "speculative", "eplb",
@@ -333,7 +329,9 @@ def test_scenario_is_consistent(path):
     scen, dep = _bundle(path)
     assert set(scen) <= {"kind", "name", "model", "coefficients", "engine_version", "workload",
                          "cluster"}
-    assert scen["name"] == path.stem and scen["model"] in MODELS
+    # a scenario names a model the catalog ships (the issue-2 set or a later derivation)
+    assert scen["name"] == path.stem
+    assert (CATALOG / "models" / scen["model"] / "graph.yaml").is_file()
     assert scen["coefficients"] == SETS
     assert isinstance(scen["engine_version"], str)
     cl = scen["cluster"]

@@ -175,3 +175,20 @@ def test_float32_params_price_in_float32():
     assert est.no_overlap_s.dtype == jnp.float32
     ref = k.step_time(Batch([1] * 4, [100] * 4))
     assert float(est.no_overlap_s) == pytest.approx(ref.no_overlap_s, rel=1e-5)
+
+
+def test_persistent_compilation_cache_by_option(tmp_path):
+    """JKERNEL_CACHE_DIR turns on JAX's persistent cache: a second process reuses programs."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import jkernel; k = jkernel.open('llama-3.1-8b-h100-tp1'); "
+            "print(k.step_time(jkernel.Batch([1], [10])).no_overlap_s)")
+    env = {**os.environ, "JKERNEL_CACHE_DIR": str(tmp_path / "xla")}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout
+    assert any((tmp_path / "xla").iterdir())
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True).stdout
+    assert first == second

@@ -202,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"jkernel: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:            # `jkernel catalog | head`: the reader left early
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":   # python -m jkernel.cli

@@ -760,6 +760,12 @@ def resolve(inputs: Inputs) -> Resolved:
                 "moe_group": moe_group, "dcp_comm_backend": dcp_backend,
                 "dcp_interleave": interleave, "state_bytes": state_bytes,
                 "pd_floor_name": pd_floor,
+                # vLLM classifies a request as a decode up to the uniform decode width
+                # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
+                # passes per batch (step.md §1.1, D27).
+                "decode_threshold": uniform_width,
+                "engine_gpus": pp * tp * pcp * dp,
+                "engines": (pool.nodes * cl.gpus_per_node) // (pp * tp * pcp * dp),
                 "dcp_shards_all_kv_layers": bool(stack_primaries) and all(
                     n.kind in ("gqa", "mla", "sparse_mla") for n in stack_primaries)}
     links = {"nvlink_bytes_per_s": nvlink, "nic_bytes_per_s": nic, "rack_domain": rack_domain}

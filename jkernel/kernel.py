@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,9 @@ from .step import RESOURCES, BatchArrays, StepEstimate, StepOptions, make_step_f
 
 __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
            "enable_compilation_cache"]
+
+#: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 _PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
     ("bottleneck",)
@@ -58,7 +62,18 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
 
 
 def _entry() -> None:
+    """What every entry point sets before JAX is first used (never at import).
+
+    * float64 (the spec's arithmetic);
+    * synchronous dispatch on CPU: a step is a few microseconds of work, and JAX's
+      asynchronous CPU dispatch adds ~40 µs per call around it. It takes effect only if JAX's
+      CPU backend has not started yet (let jkernel open a kernel first for the fastest
+      ``step_time``); ``JKERNEL_CPU_ASYNC_DISPATCH=1`` keeps JAX's default;
+    * the persistent compilation cache when ``JKERNEL_CACHE_DIR`` is set.
+    """
     enable_x64()
+    if os.environ.get("JKERNEL_CPU_ASYNC_DISPATCH", "0") != "1":
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     if os.environ.get("JKERNEL_CACHE_DIR"):
         enable_compilation_cache()
 
@@ -94,10 +109,19 @@ class _Compiled:
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
             return pack(step_fn(unpack(flat), batch))
 
+        def many(flat, sched, comp, scal):
+            """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
+            slices the caller's arrays into chunks without copying them into one."""
+            self.traces += 1
+            batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
+                                scal[..., 2])
+            return pack(step_fn(unpack(flat), batch))
+
         self.unpack = unpack
         self.pack = pack
         self.one = jax.jit(one)
-        self.sweep = jax.jit(jax.vmap(one, in_axes=(0, None)))
+        self.many = jax.jit(many)
+        self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None, None)))
         self.jit_step = jax.jit(step_fn)
 
 
@@ -199,7 +223,7 @@ class Kernel:
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
-                   pad_tokens=0, chunk: int = 2048, dtype=None) -> StepEstimate:
+                   pad_tokens=0, chunk: int = 4096, dtype=None) -> StepEstimate:
         """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
@@ -208,10 +232,10 @@ class Kernel:
         in single precision. Memory stays bounded by the chunk, however many batches come.
         Returns a :class:`StepEstimate` of numpy arrays of shape ``(batches,)``.
         """
-        packed = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+        arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda x: self._c.one(flat, x), packed, chunk))
+        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -227,24 +251,27 @@ class Kernel:
         if tuple(params) != self._c.names:
             raise ValueError("params must have exactly the kernel's names")
         flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
-        packed = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+        arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
-        rows = self._chunked(lambda x: self._c.sweep(flat, x), packed, chunk, axis=1)
+        rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1)
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
-                     pad_tokens) -> np.ndarray:
-        """Validate and pack many batches into int32 ``(batches, 2R + 3)``."""
+                     pad_tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Validate many batches: int32 ``scheduled`` and ``computed`` ``(B, R)`` (the
+        caller's arrays when they are already int32 and contiguous) and scalars ``(B, 3)``."""
         if batches is not None:
             if scheduled is not None or computed is not None:
                 raise ValueError("give either batches or scheduled/computed arrays, not both")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            packed = np.zeros((len(batches), 2 * width + 3), np.int32)
+            s = np.zeros((len(batches), width), np.int32)
+            c = np.zeros((len(batches), width), np.int32)
+            scal = np.zeros((len(batches), 3), np.int32)
             for j, b in enumerate(batches):
-                packed[j, :len(b)] = b.scheduled
-                packed[j, width:width + len(b)] = b.computed
-                packed[j, 2 * width:] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
-            return packed
+                s[j, :len(b)] = b.scheduled
+                c[j, :len(b)] = b.computed
+                scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
+            return s, c, scal
         if scheduled is None:
             raise ValueError("price_many needs batches or a scheduled array")
         s = np.asarray(scheduled)
@@ -255,34 +282,46 @@ class Kernel:
         for name, x in (("scheduled", s), ("computed", c)):
             if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
                 raise ValueError(f"{name} holds NaN or infinite values")
+            if x.dtype.kind not in "iuf":
+                raise ValueError(f"{name} must hold integers, got dtype {x.dtype}")
             if x.size and x.min() < 0:
                 raise ValueError(f"{name} must be ≥ 0")
             if x.size and x.max() >= 2 ** 31:
                 raise ValueError(f"{name} exceeds 2^31 tokens")
-        nb, r = s.shape
-        packed = np.empty((nb, 2 * r + 3), np.int32)
-        packed[:, :r] = s
-        packed[:, r:2 * r] = c
-        for j, x in enumerate((decode_threshold, max_zero(sm_budget), max_zero(pad_tokens))):
-            packed[:, 2 * r + j] = np.broadcast_to(np.asarray(x, np.int64), (nb,))
-        return packed
+        nb = s.shape[0]
+        scal = np.stack([np.broadcast_to(np.asarray(x, np.int64), (nb,))
+                         for x in (decode_threshold, max_zero(sm_budget), max_zero(pad_tokens))],
+                        axis=1).astype(np.int32)
+        return (np.ascontiguousarray(s, dtype=np.int32), np.ascontiguousarray(c, dtype=np.int32),
+                scal)
 
     @staticmethod
-    def _chunked(fn, packed: np.ndarray, chunk: int, axis: int = 0):
-        n = packed.shape[0]
+    def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0):
+        """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
+        every chunk runs one program), two chunks at a time: XLA runs each program on one
+        core and releases the GIL, so a second thread keeps a second core busy."""
+        n = arrays[0].shape[0]
         if n == 0:
             raise ValueError("no batches to price")
         size = min(chunk, n)
-        outs = []
-        for start in range(0, n, size):
-            x = packed[start:start + size]
-            short = size - x.shape[0]
-            if short:   # pad the last chunk (empty batches) so every chunk runs one program
-                x = np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
-            out = fn(x)
-            outs.append(out if not short else
-                        jax.lax.slice_in_dim(out, 0, size - short, axis=axis))
-        return np.asarray(jnp.concatenate(outs, axis=axis) if len(outs) > 1 else outs[0])
+
+        def run(start: int) -> np.ndarray:
+            parts = [x[start:start + size] for x in arrays]
+            short = size - parts[0].shape[0]
+            if short:
+                parts = [np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
+                         for x in parts]
+            out = np.asarray(fn(*(jax.device_put(x, may_alias=True) for x in parts)))
+            return out.take(np.arange(size - short), axis=axis) if short else out
+
+        starts = range(0, n, size)
+        workers = min(len(starts), _WORKERS)
+        if workers <= 1:
+            outs = [run(i) for i in starts]
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                outs = list(pool.map(run, starts))
+        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=axis)
 
     # -- memory (memory.md) -----------------------------------------------------------------
     def fixed_bytes(self) -> _memory.MemoryBreakdown:

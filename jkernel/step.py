@@ -124,10 +124,9 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
     live = mask & (s_in > 0)                                  # D32: scheduled 0 is padding
     s = jnp.where(live, s_in, 0.0)
     c = jnp.where(live, jnp.maximum(c_in.astype(dt), 0.0), 0.0)
-    ctx = s + c
-    walk = live & (ctx > 0)
-    pre = walk & (s > thr)
-    dec = walk & ~pre
+    ctx = s + c            # > 0 for every live request, so the walk skips none of them
+    pre = live & (s > thr)
+    dec = live & ~pre
     zero = jnp.zeros_like(s)
     if plan.pcp > 1:
         s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
@@ -137,24 +136,27 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
         s_loc = s
         pairs = laws.causal_pairs(s, c)
         chunk_s, chunk_c = s[..., None], c[..., None]
+    # decode_requests and decode_tokens follow from these (see _Batch): fewer lanes, one
+    # pass over the requests with less work per request
     lanes = {
-        "tokens": s, "n_live": live, "context": walk & (c > 0),
+        "tokens": s, "n_live": live,
         "nonuniform": live & (s != plan.uniform_decode_width),
         "causal_flops": jnp.where(pre, pairs, zero),
         "prefill_tokens": jnp.where(pre, s_loc, zero),
-        "prefill_requests": pre, "decode_requests": dec,
-        "decode_tokens": jnp.where(dec, s, zero),
+        "prefill_requests": pre,
         "decode_kv_tokens": jnp.where(dec, ctx, zero),
     }
+    if plan.dcp > 1:
+        lanes["context"] = live & (c > 0)
     if plan.pcp > 1:
         lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
     for name, att in _read_lanes(plan).items():
         lanes[name] = jnp.where(dec, _primary_read(plan, att, ctx), zero)
     if plan.draft_kinds:
         # a later draft pass: every live request runs one token at its context + 1
-        lanes["draft_context"] = jnp.where(walk, ctx + 1.0, zero)
+        lanes["draft_context"] = jnp.where(live, ctx + 1.0, zero)
         for name, att in _read_lanes(plan).items():
-            lanes["draft_" + name] = jnp.where(walk, _primary_read(plan, att, ctx + 1.0), zero)
+            lanes["draft_" + name] = jnp.where(live, _primary_read(plan, att, ctx + 1.0), zero)
     for window in _windows(plan):
         lanes[f"win{window}"] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
                                                            mask=pre[..., None])
@@ -198,35 +200,21 @@ def _windows(plan: Plan) -> list[int]:
 
 
 def _sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
-    """Σ over the request axis of every lane, in one pass.
+    """Σ over the request axis (the last) of every lane, in ONE variadic reduction.
 
-    One batch (request arrays of shape ``(R,)``, also under ``vmap``): a single variadic
-    reduction, which XLA fuses into one loop. Explicit batch axes (``(B…, R)``, the bulk
-    path): a scan over the R requests whose every step is a vector operation across the
-    batches — on CPU several times faster than reducing each batch's row.
+    XLA fuses a tuple-reduce into a single pass over the requests, where separate sums each
+    re-read them; with leading batch axes (the bulk path) the same reduction runs across
+    all batches at once.
     """
-    s = jnp.asarray(batch.scheduled)
-    c = jnp.asarray(batch.computed)
-    mask = jnp.asarray(batch.mask)
-    thr = jnp.asarray(batch.decode_threshold).astype(dt)
-    if s.ndim == 1:
-        lanes = _request_lanes(plan, s, c, mask, thr, dt)
-        names = list(lanes)
-        init = tuple(jnp.zeros((), dt) for _ in names)
-        sums = jax.lax.reduce(tuple(lanes[n] for n in names), init,
-                              lambda a, b: tuple(x + y for x, y in zip(a, b)), (0,))
-        return dict(zip(names, sums))
-    cols = (jnp.moveaxis(s, -1, 0), jnp.moveaxis(c, -1, 0), jnp.moveaxis(mask, -1, 0))
-    proto = jax.eval_shape(lambda a, b, m: _request_lanes(plan, a, b, m, thr, dt),
-                           cols[0][0], cols[1][0], cols[2][0])
-
-    def body(acc, col):
-        lanes = _request_lanes(plan, col[0], col[1], col[2], thr, dt)
-        return {k: acc[k] + lanes[k] for k in acc}, None
-
-    init = {k: jnp.zeros(v.shape, dt) for k, v in proto.items()}
-    sums, _ = jax.lax.scan(body, init, cols)
-    return sums
+    thr = jnp.asarray(batch.decode_threshold).astype(dt)[..., None]
+    lanes = _request_lanes(plan, jnp.asarray(batch.scheduled), jnp.asarray(batch.computed),
+                           jnp.asarray(batch.mask), thr, dt)
+    names = list(lanes)
+    ops = tuple(jnp.broadcast_to(lanes[n], lanes["tokens"].shape) for n in names)
+    init = tuple(jnp.zeros((), dt) for _ in names)
+    sums = jax.lax.reduce(ops, init, lambda a, b: tuple(x + y for x, y in zip(a, b)),
+                          (ops[0].ndim - 1,))
+    return dict(zip(names, sums))
 
 
 class _Batch:
@@ -242,15 +230,17 @@ class _Batch:
         self.sums = sums = _sum_requests(plan, batch, dt)
         self.tokens = sums["tokens"]
         self.n_live = sums["n_live"]
-        self.any_context = sums["context"] > 0
+        self.any_context = sums["context"] > 0 if "context" in sums else None  # DCP only
         self.uniform = (self.n_live > 0) & (sums["nonuniform"] <= 0)
         self.causal_flops = sums["causal_flops"]
         self.prefill_tokens = sums["prefill_tokens"]
         self.prefill_requests = sums["prefill_requests"]
-        self.decode_requests = sums["decode_requests"]
-        self.decode_tokens = sums["decode_tokens"]
-        self.decode_kv_tokens = sums["decode_kv_tokens"]
         withheld = sums.get("withheld", jnp.zeros_like(self.tokens))
+        # every live request is a prefill or a decode; a prefill's tokens are its rank-local
+        # share plus what PCP withholds
+        self.decode_requests = self.n_live - self.prefill_requests
+        self.decode_tokens = self.tokens - self.prefill_tokens - withheld
+        self.decode_kv_tokens = sums["decode_kv_tokens"]
         self.t_real = self.tokens - withheld
         self.t_pad = jnp.maximum(jnp.asarray(batch.pad_tokens).astype(dt), 0.0)
         self.t_gemm = self.t_real + self.t_pad
@@ -265,7 +255,7 @@ class _Batch:
         s = jnp.where(live, s_in, 0.0)
         c = jnp.where(live, jnp.maximum(jnp.asarray(b.computed).astype(dt), 0.0), 0.0)
         thr = jnp.asarray(b.decode_threshold).astype(dt)[..., None]
-        return s, c, live & (s + c > 0) & (s > thr)
+        return s, c, live & (s > thr)
 
     def decode_read(self, plan: Plan, att: AttentionPlan):
         """Σ over decodes of the primary read per request (step.md §6.3)."""

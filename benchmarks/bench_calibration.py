@@ -1,0 +1,107 @@
+"""Calibration benchmarks: one chip's full profile fit, and a 10,000-step trace fit.
+
+::
+
+    python benchmarks/bench_calibration.py [--data ../shared/data/aic-op-profiles] [--chip h100]
+                                           [--steps 10000] [--skip-profiles]
+
+Prints wall and process CPU seconds of each. The issue's targets: a chip's full profile fit
+≤ 120 s and a 10,000-step trace fit ≤ 60 s, on 2 cores. Without the shared data the profile
+benchmark runs on the committed fixtures (and says so). Restrict the cores with
+``taskset -c 0,1 python benchmarks/bench_calibration.py`` to reproduce the 2-core figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _clock():
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t):
+    w, c = _clock()
+    return w - t[0], c - t[1]
+
+
+def bench_profiles(data: Path, chip: str) -> None:
+    from calibration.fit import FitSettings, fit_chip
+    t = _clock()
+    cf = fit_chip(data, chip, settings=FitSettings())
+    wall, cpu = _since(t)
+    rows = sum(f.rows_fit + f.rows_held for f in cf.fits)
+    print(f"profile fit, {chip} ({data}): {wall:.1f} s wall, {cpu:.1f} s CPU, {rows} rows, "
+          f"{len(cf.written())} coefficients")
+    for f in cf.fits:
+        r = f.error(next(iter(f.entry_slice.values()), ""))
+        held = f"held-out {r.held.median:.3f} / {r.held.p90:.3f}" if r else ""
+        print(f"    {f.primitive:18s} {f.seconds:6.1f} s  {f.rows_fit + f.rows_held:7d} rows  "
+              f"{held}")
+
+
+def bench_trace(n_steps: int) -> None:
+    import numpy as np
+    import jkernel
+    from calibration import traces as T
+
+    k = jkernel.open("llama-3.1-8b-h100-tp1")
+    rng = np.random.default_rng(0)
+    batches = []
+    for i in range(n_steps):
+        kind = i % 3
+        d = 0 if kind == 2 else int(rng.integers(1, 200))
+        s, c = [1] * d, [int(x) for x in rng.integers(32, 8000, d)]
+        if kind != 0:
+            s.append(int(rng.integers(64, 4096)))
+            c.append(int(rng.integers(0, 2048)))
+        batches.append(jkernel.Batch(s, c))
+    p = k.params
+    truth = p.replace(hbm_derate=0.7, attention_decode_floor=1.5 * float(
+        p["attention_decode_floor"]), host_serial=500e-6)
+    t = _clock()
+    tr = T.generate_trace(k, batches, params=truth, noise=0.03)
+    gw, gc = _since(t)
+    names = ("hbm_derate", "attention_decode_floor", "host_serial")
+    t = _clock()
+    fit = T.fit_trace(tr, names, kernel=k)
+    wall, cpu = _since(t)
+    print(f"trace fit, {n_steps} steps of up to 201 requests ({SCEN}), 3 parameters: "
+          f"{wall:.1f} s wall, {cpu:.1f} s CPU (generation {gw:.1f} s)")
+    for n in names:
+        print(f"    {n:24s} true {float(truth[n]):.4g}  fitted {fit.values[n]:.4g}  "
+              f"se {fit.laplace.se_value[n]}")
+
+
+SCEN = "llama-3.1-8b-h100-tp1"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/aic-op-profiles"))
+    ap.add_argument("--chip", default="h100")
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--skip-profiles", action="store_true")
+    ap.add_argument("--skip-trace", action="store_true")
+    a = ap.parse_args(argv)
+    print(f"cores available: {len(os.sched_getaffinity(0))}")
+    if not a.skip_profiles:
+        data = Path(a.data)
+        if not data.is_dir():
+            data = ROOT / "tests/data/aic"
+            print(f"shared data not found; using the fixtures {data}")
+        bench_profiles(data, a.chip)
+    if not a.skip_trace:
+        bench_trace(a.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

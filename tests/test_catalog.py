@@ -106,3 +106,38 @@ def test_cli_derive_prints_a_graph(capsys):
     cfg = catalog.catalog_root() / "models" / "llama-3.1-8b-instruct" / "config.json"
     assert main(["derive", str(cfg), "--name", "llama-3.1-8b-instruct"]) == 0
     assert "kind: ModelGraph" in capsys.readouterr().out
+
+
+def test_readme_worked_example_by_hand():
+    """The README's worked step: every resource of `jkernel price llama-3.1-70b-h100-tp4
+    --batch 32x1@4096` recomputed by hand from the kernel's own constants."""
+    from jkernel import laws
+
+    k = jkernel.open("llama-3.1-70b-h100-tp4")
+    p = {n: float(v) for n, v in k.params.items()}
+    P, B = p["peak_flops_per_s"], p["hbm_bytes_per_s"] * p["hbm_derate"]
+    eps, mh, nh, kh = (p.get(n, 0.0) for n in k.plan.gemm_names)
+    est = k.step_time(jkernel.Batch.from_spec("32x1@4096"))
+    params_per_layer = (10240 + 8192 + 57344) * 8192 + 8192 * 28672
+    head_params = 128256 * 8192
+    weights = params_per_layer * 2 / 4 / B
+    kv = p["attention_decode_floor"] + 32 * 4097 * (2 * 2 * 128 * 2) / p["attention_decode_rate"]
+    norms = 32 * 2 * (2 * 8192 * 2) / 4 / B
+    hbm = 80 * (weights + kv + norms) + head_params * 2 / 4 / B
+    assert est.per_resource_s["hbm"] == pytest.approx(hbm, rel=1e-9)
+    gemms = [(2560, 8192), (8192, 2048), (14336, 8192), (8192, 7168)]   # per-rank (n, k)
+    if k.plan.shape_aware:
+        eff = [float(laws.eff_shaped(32, n, kk, eps, mh, nh, kh)) for n, kk in gemms]
+    else:
+        eff = [float(laws.ramp(32, eps, mh))] * 4
+    sm = 80 * sum(32 * 2 * n * kk / (P * e) for (n, kk), e in zip(gemms, eff))
+    sm += 32 * 2 * head_params / 4 / (P * float(laws.ramp(32, eps, mh)))
+    assert est.per_resource_s["sm"] == pytest.approx(sm, rel=1e-9)
+    ar = [p[n] for n in ("collective_floor_all_reduce_fp16_4rank_h100",
+                         "collective_peak_rate_all_reduce_fp16_4rank_h100",
+                         "collective_transition_rate_all_reduce_fp16_4rank_h100")]
+    one = max(ar[0] + 524288 / ar[2], 524288 / ar[1])
+    assert est.per_resource_s["nvlink"] == pytest.approx(160 * one, rel=1e-9)
+    host = p["host_replay_graph_per_step"] + p["host_launch_per_kernel"] * 802
+    assert est.per_resource_s["host"] == pytest.approx(host, rel=1e-12)
+    assert est.bottleneck_name == "hbm"

@@ -1,0 +1,221 @@
+"""Command line of the calibration package.
+
+::
+
+    python -m calibration profiles --chip h100 --data ../shared/data/aic-op-profiles \\
+        --out build/calibrated-h100.yaml
+    python -m calibration traces --scenario llama-3.1-8b-h100-tp1 --traces steps.jsonl \\
+        --fit hbm_derate,host_serial --out build/trace-fit.yaml
+    python -m calibration import splitwise --in ../shared/data/splitwise/data/perf_model.csv \\
+        --out build/splitwise-h100-tp4.jsonl --hardware h100-80gb --tp 4
+
+``profiles`` fits every primitive of one chip and writes one coefficient set (all entries
+``method: fitted``, scoped to the chip) plus a Markdown report (``--report``, default the
+output path with ``.md``) and its PNG plots when matplotlib is installed. ``traces`` fits the
+named parameters against a step trace (``calibration.traces`` documents the format) and writes
+the identifiable ones. ``import`` converts Splitwise's table, aggregate forward-pass rows
+(CSV) or streamed token timestamps (JSON) into a step trace. Progress goes to stderr.
+Exit status: 0 on success, 2 on bad input (a clear message naming the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _progress(quiet: bool):
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"[{time.perf_counter() - t0:7.1f} s] {msg}", file=sys.stderr, flush=True)
+    return say
+
+
+def _report_paths(out: Path, report: str | None) -> Path:
+    return Path(report) if report else out.with_suffix(".md")
+
+
+def cmd_profiles(a) -> int:
+    from .fit import FitSettings, fit_chip
+    from .report import profile_entries, profile_report, save_plots, write_coefficient_set
+
+    say = _progress(a.quiet)
+    settings = FitSettings(heldout=a.heldout, seed=a.seed, steps=a.steps,
+                           max_rows=a.max_rows or None, shape_aware=a.shape_aware,
+                           allreduce=a.allreduce, kernel_gap=a.kernel_gap,
+                           primitives=tuple(a.primitives.split(",")) if a.primitives
+                           else FitSettings().primitives)
+    cf = fit_chip(a.data, a.chip, settings=settings, progress=say)
+    out = Path(a.out)
+    command = "python -m calibration " + " ".join(shlex.quote(x) for x in a.argv)
+    entries = profile_entries(cf, command=command)
+    name = a.set_name or out.stem
+    write_coefficient_set(out, name, entries, header=(
+        f"{name}: coefficients of {cf.chip} fitted from NVIDIA AIConfigurator per-operator "
+        f"profiles by jkernel's calibration.\nReproduce with: {command}\n"
+        "Every entry: method fitted, its data source and sha256, rows, held-out error "
+        "(|log ratio| median and p90), standard error."))
+    say(f"wrote {len(entries)} entries to {out}")
+    rep = _report_paths(out, a.report)
+    plots = {} if a.no_plots else save_plots(cf.fits, rep.parent, rep.stem)
+    rep.parent.mkdir(parents=True, exist_ok=True)
+    rep.write_text(profile_report(cf, plots=plots, command=command), encoding="utf-8")
+    say(f"wrote the report {rep}" + (f" and {sum(len(v) for v in plots.values())} plots"
+                                     if plots else ""))
+    return 0
+
+
+def cmd_traces(a) -> int:
+    from .report import trace_entries, trace_report, write_coefficient_set
+    from .traces import read_trace, fit_trace, open_deployment
+
+    say = _progress(a.quiet)
+    trace = read_trace(a.traces)
+    if a.scenario:
+        trace.deployment = a.scenario
+    if a.pool is not None:
+        trace.pool = a.pool
+    say(f"read {len(trace)} steps from {a.traces}"
+        + (f" (skipped: {trace.skipped})" if trace.skipped else ""))
+    kernel = open_deployment(trace.deployment, trace.pool, file=a.traces)
+    names = [n.strip() for n in a.fit.split(",") if n.strip()]
+    fit = fit_trace(trace, names, kernel=kernel, target=a.target, steps=a.steps,
+                    heldout=a.heldout, seed=a.seed,
+                    prior_sigma=__import__("math").log(a.prior_factor),
+                    exclude_flags=tuple(f for f in (a.exclude_flags or "").split(",") if f),
+                    progress=say)
+    hardware = [a.hardware] if a.hardware else [kernel.inputs.scenario.cluster.hardware]
+    model = [kernel.inputs.scenario.model] if a.scope_model else None
+    command = "python -m calibration " + " ".join(shlex.quote(x) for x in a.argv)
+    entries = trace_entries(fit, hardware=hardware, model=model, command=command)
+    out = Path(a.out)
+    name = a.set_name or out.stem
+    write_coefficient_set(out, name, entries, header=(
+        f"{name}: coefficients fitted from the step trace {a.traces} by jkernel's "
+        f"calibration.\nReproduce with: {command}"))
+    rep = _report_paths(out, a.report)
+    rep.write_text(trace_report(fit, command=command), encoding="utf-8")
+    for n in fit.names:
+        lap = fit.laplace
+        if lap.identifiable[n]:
+            say(f"{n}: {fit.catalog[n]:.6g} → {fit.values[n]:.6g} (SI), se "
+                f"{lap.se_value[n]:.3g}")
+        else:
+            say(f"{n}: not identifiable ({lap.reason[n]}); kept at {fit.catalog[n]:.6g}")
+    for part, curve, st in fit.errors:
+        say(f"{part:8s} {curve:8s} |log ratio| median {st.median:.4f} p90 {st.p90:.4f}")
+    say(f"wrote {len(entries)} entries to {out} and the report {rep}")
+    return 0
+
+
+def cmd_import(a) -> int:
+    from . import importers
+    from .traces import write_trace
+
+    say = _progress(a.quiet)
+    if a.kind == "splitwise":
+        tr = importers.from_splitwise(a.input, model=a.model, hardware=a.hardware,
+                                      tensor_parallel=a.tp, scenario=a.deployment)
+    elif a.kind == "aggregate":
+        if not a.deployment:
+            raise SystemExit("import aggregate needs --deployment")
+        tr = importers.read_aggregate_csv(a.input, a.deployment)
+    else:
+        if not a.deployment:
+            raise SystemExit("import timestamps needs --deployment")
+        reqs = json.loads(Path(a.input).read_text(encoding="utf-8"))
+        tr, rec = importers.from_timestamps(reqs, a.deployment, tolerance_s=a.tolerance)
+        say(f"{rec.events} token events → {rec.clusters} clusters → {len(rec.steps)} steps "
+            f"(tolerance {rec.tolerance_s:.3g} s, dropped {rec.dropped or 'none'})")
+    write_trace(a.out, tr)
+    say(f"wrote {len(tr)} steps to {a.out}" + (f" (skipped {tr.skipped})" if tr.skipped else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m calibration",
+                                 description="Calibrate jkernel's constants from profiles "
+                                             "and step traces.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("profiles", help="fit one chip's primitives from per-operator profiles")
+    p.add_argument("--chip", required=True, help="catalog chip name (h100, b200, a100-sxm…)")
+    p.add_argument("--data", required=True, help="AIConfigurator data directory")
+    p.add_argument("--out", required=True, help="coefficient-set YAML to write")
+    p.add_argument("--report", help="Markdown report (default: OUT with .md)")
+    p.add_argument("--set-name", help="coefficient set name (default: OUT's stem)")
+    p.add_argument("--primitives", help="comma list among gemm, decode_attention, "
+                                        "prefill_attention, moe, collectives (default all)")
+    p.add_argument("--shape-aware", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--allreduce", choices=("nccl", "vllm"), default="nccl",
+                   help="fit all_reduce on NCCL (default) or on vLLM's custom/NCCL composite")
+    p.add_argument("--kernel-gap", action="store_true",
+                   help="also write the GEMM per-call floor as kernel_gap (default: reported "
+                        "only; expected.md leaves kernel_gap to step-trace fits)")
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--heldout", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-rows", type=int, default=200_000,
+                   help="deterministic subsample above this many rows (0: all)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_profiles)
+
+    t = sub.add_parser("traces", help="fit parameters against a step trace")
+    t.add_argument("--scenario", help="deployment (overrides the trace header's)")
+    t.add_argument("--pool", help="pool role or index of a disaggregated deployment")
+    t.add_argument("--traces", required=True, help="step trace (JSON Lines)")
+    t.add_argument("--fit", required=True, help="comma list of parameter names")
+    t.add_argument("--out", required=True, help="coefficient-set YAML to write")
+    t.add_argument("--report")
+    t.add_argument("--set-name")
+    t.add_argument("--target", choices=("expected_s", "no_overlap_s", "overlap_s"),
+                   default="expected_s")
+    t.add_argument("--steps", type=int, default=400, help="Adam steps")
+    t.add_argument("--heldout", type=float, default=0.2)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--prior-factor", type=float, default=3.0,
+                   help="log-normal prior width around the catalog values (a factor)")
+    t.add_argument("--exclude-flags", help="comma list of step flags to leave out")
+    t.add_argument("--hardware", help="scope of the written entries (default the chip)")
+    t.add_argument("--scope-model", action="store_true",
+                   help="also scope the entries to the deployment's model")
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(func=cmd_traces)
+
+    i = sub.add_parser("import", help="convert other measurements into a step trace")
+    i.add_argument("kind", choices=("splitwise", "aggregate", "timestamps"))
+    i.add_argument("--in", dest="input", required=True)
+    i.add_argument("--out", required=True)
+    i.add_argument("--deployment", help="scenario name or bundle path for the trace header")
+    i.add_argument("--model", default="llama2-70b")
+    i.add_argument("--hardware", default="h100-80gb")
+    i.add_argument("--tp", type=int, default=4)
+    i.add_argument("--tolerance", type=float, help="timestamp clustering tolerance (s)")
+    i.add_argument("--quiet", action="store_true")
+    i.set_defaults(func=cmd_import)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    a.argv = argv
+    from .profiles import ProfileError
+    from .traces import TraceError
+    try:
+        return a.func(a)
+    except (ProfileError, TraceError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Decode and prefill attention laws from AIConfigurator's attention tables.
+
+**Decode** (``generation_attention_perf``; one new token per request). A row of ``batch``
+requests attending over ``ctx`` tokens reads ``T·bpt`` KV bytes, with ``T = batch·ctx``
+(``batch·min(ctx, window)`` for a sliding window, Decision D3) and
+``bpt = 2·n_kv·d_h·kv_bytes`` per token, exactly the byte count of step.md §6.3. The law
+is :func:`jkernel.laws.floor_plus_rate`::
+
+    t = floor_kind + T·bpt / rate_kind
+
+fitted per kind: rows without a window give the part-wide pair ``attention_decode_floor`` /
+``attention_decode_rate``; rows with a window (the tables hold windows of 128 to 8192) give
+``attention_decode_floor_swa`` / ``attention_decode_rate_swa``. Both KV dtypes (bf16, fp8)
+are fitted together, since the registry has one pair per kind; the error table reports
+them apart.
+
+**Prefill** (``context_attention_perf``; causal, no cached prefix). A row of ``batch``
+prompts of ``isl`` tokens does ``attn_work = batch·causal_pairs(isl, 0)·n_q·d_h`` FLOPs
+(step.md §6.3 with tp = 1, ``n_q`` being the heads on the GPU) and is predicted by
+:func:`jkernel.laws.prefill_attention_time`::
+
+    t = f_p + attn_work / (P_bf16 · ramp(batch·isl) · w_p)
+
+with the chip's bf16 peak and the bf16 token ramp the chip ships (the GEMM fit's ε_max, m½;
+the step prices prefill attention through the plain ramp even when the shape-aware one is
+on). Only rows without a window are fitted: the registry has one prefill pair for every
+kind, and windowed rows, whose FLOPs the law counts with ``windowed_pairs``, want a work
+scale about four times lower on every chip (they are reported as a separate slice).
+
+Reference curves: the spec's reference pairs (documents.md §8.7), with the reference
+ramp for prefill.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from jkernel import laws
+
+from .fit import (REFERENCE, ErrorRow, ErrorStats, Param, PrimitiveFit, Problem, columns,
+                  plot_series, slices_table, solve)
+
+__all__ = ["fit_decode_attention", "fit_prefill_attention", "prefill_work"]
+
+KINDS = ("", "swa")
+
+
+def _suffix(kind: str) -> str:
+    return f"_{kind}" if kind else ""
+
+
+def _decode_predict(kinds):
+    def predict(v, d):
+        idx = d["kind_index"].astype(jnp.int32)
+        floor = jnp.stack([v[f"attention_decode_floor{_suffix(k)}"] for k in kinds])[idx]
+        rate = jnp.stack([v[f"attention_decode_rate{_suffix(k)}"] for k in kinds])[idx]
+        return laws.floor_plus_rate(d["kv_bytes"], floor, rate)
+    return predict
+
+
+def _decode_rows(obs, kinds):
+    kind = np.where(obs.window > 0, kinds.index("swa") if "swa" in kinds else -1, 0)
+    return columns(obs, ("latency_s", "kv_bytes", "batch_size"), kind_index=kind,
+                   fp8_kv=(obs.kv_dtype == "fp8"))
+
+
+def fit_decode_attention(obs, chip_doc, *, chip: str, heldout: float = 0.2, seed: int = 0,
+                         steps: int = 1500, lr: float = 0.05,
+                         delta: float = 0.05) -> PrimitiveFit:
+    """Fit the decode floor/rate pairs (part-wide and, where the table has windowed rows,
+    ``_swa``) of one chip from :class:`~calibration.profiles.DecodeAttentionObservations`."""
+    t0 = time.perf_counter()
+    kinds = ("",) + (("swa",) if np.any(obs.window > 0) else ())
+    notes = []
+    if not np.any(obs.window == 0):
+        raise ValueError(f"{obs.source}: no decode rows without a window; the part-wide pair "
+                         "cannot be fitted")
+    if "swa" not in kinds:
+        notes.append("no windowed decode rows: no _swa pair fitted")
+    fit_obs, held_obs = obs.split(heldout, seed)
+    params = []
+    for k in kinds:
+        params.append(Param(f"attention_decode_floor{_suffix(k)}", 12e-6, units="us_per_layer"))
+        params.append(Param(f"attention_decode_rate{_suffix(k)}",
+                            0.8 * chip_doc.hbm_tbs * 1e12, units="bytes_per_us"))
+    predict = _decode_predict(kinds)
+    prob = Problem(tuple(params), predict, _decode_rows(fit_obs, kinds),
+                   _decode_rows(held_obs, kinds))
+    sol = solve(prob, steps=steps, lr=lr, delta=delta)
+    variants = {"fitted": (prob, sol.values)}
+    ref = REFERENCE.get(chip, {})
+    if ref.get("decode") is not None and ("swa" not in kinds or ref.get("swa") is not None):
+        rv = {"attention_decode_floor": ref["decode"][0], "attention_decode_rate": ref["decode"][1]}
+        if "swa" in kinds:
+            rv["attention_decode_floor_swa"], rv["attention_decode_rate_swa"] = ref["swa"]
+        variants["reference §8.7"] = (prob, rv)
+    else:
+        notes.append(f"the spec has no complete reference decode pairs for {chip}")
+    fk, hk = prob.fit_rows["kind_index"], prob.held_rows["kind_index"]
+    f8, h8 = prob.fit_rows["fp8_kv"] > 0, prob.held_rows["fp8_kv"] > 0
+    fb, hb = prob.fit_rows["batch_size"] <= 256, prob.held_rows["batch_size"] <= 256
+    slices = {}
+    for j, k in enumerate(kinds):
+        name = k or "gqa"
+        slices[name] = (fk == j, hk == j)
+        slices[f"{name}, bf16 KV"] = ((fk == j) & ~f8, (hk == j) & ~h8)
+        slices[f"{name}, fp8 KV"] = ((fk == j) & f8, (hk == j) & h8)
+        slices[f"{name}, batch ≤ 256"] = ((fk == j) & fb, (hk == j) & hb)
+    errors, preds = slices_table(prob, variants, slices, return_predictions=True)
+    written = {p.name: sol.values[p.name] for p in prob.params}
+    entry_slice = {n: ("swa" if n.endswith("_swa") else "gqa") for n in written}
+    plots = _decode_plots(_with_ctx(prob, fit_obs, held_obs), preds, fit_obs, held_obs, kinds)
+    notes.append("the law has no per-request or per-head term: rows with many requests and "
+                 "short contexts (batch ≥ 512, context ≤ 64) run far slower than their KV "
+                 "bytes suggest and dominate the p90; see the 'batch ≤ 256' slices")
+    return PrimitiveFit("decode_attention", chip, prob.params, sol.values, written, errors,
+                        entry_slice, sol.laplace, str(obs.source), str(obs.sha256),
+                        len(fit_obs), len(held_obs), dict(obs.skipped), notes,
+                        time.perf_counter() - t0, plots)
+
+
+def _decode_plots(prob, preds, fit_obs, held_obs, kinds):
+    out = []
+    both = [fit_obs, held_obs]
+    for j, k in enumerate(kinds):
+        combos = set()
+        for o in both:
+            sel = (o.window > 0) if k else (o.window == 0)
+            combos |= set(zip(o.n_q[sel].tolist(), o.n_kv[sel].tolist(),
+                              o.head_dim[sel].tolist(), o.kv_dtype[sel].tolist(),
+                              o.window[sel].tolist()))
+        combos = sorted(combos, key=lambda c: (c[3] != "bf16", abs(c[0] - 32) + abs(c[1] - 8),
+                                               c[2] != 128, c[4]))
+        if not combos:
+            continue
+        nq, nkv, d, kvd, w = combos[0]
+        for b in (1, 64):
+            mf, mh = [(o.n_q == nq) & (o.n_kv == nkv) & (o.head_dim == d) & (o.kv_dtype == kvd)
+                      & (o.window == w) & (o.batch_size == b) for o in both]
+            ps = plot_series(f"decode {k or 'gqa'}: {nq}/{nkv} heads, d {d}, {kvd} KV"
+                             + (f", window {w}" if w else "") + f", batch {b}",
+                             prob, preds, mf, mh, "ctx",
+                             "context (tokens)")
+            if ps is not None:
+                out.append(ps)
+    return out
+
+
+def _with_ctx(prob, fit_obs, held_obs):
+    """The problem's rows with a ``ctx`` column (for plots)."""
+    return Problem(prob.params, prob.predict,
+                   {**prob.fit_rows, "ctx": fit_obs.ctx_tokens.astype(float)},
+                   {**prob.held_rows, "ctx": held_obs.ctx_tokens.astype(float)}, prob.fixed)
+
+
+def prefill_work(obs) -> tuple[np.ndarray, np.ndarray]:
+    """``(attn_work FLOPs, tokens)`` of prefill rows by the step's laws: per request
+    ``4·Σ pairs`` (:func:`jkernel.laws.windowed_pairs` for a window, else
+    :func:`jkernel.laws.causal_pairs` at prefix 0), times ``n_q·d_h`` and the batch."""
+    s = obs.isl.astype(np.float64)
+    w = obs.window.astype(np.float64)
+    causal = np.asarray(laws.causal_pairs(s, 0.0))
+    windowed = 4.0 * np.asarray(laws.windowed_pairs(s, 0.0, np.where(w > 0, w, 1.0)))
+    pairs = np.where(w > 0, windowed, causal)
+    work = obs.batch_size * pairs * obs.n_q * obs.head_dim
+    return work.astype(np.float64), (obs.batch_size * obs.isl).astype(np.float64)
+
+
+def _prefill_rows(obs):
+    work, tokens = prefill_work(obs)
+    return columns(obs, ("latency_s", "batch_size"), work=work, tokens=tokens)
+
+
+def _prefill_predict(v, d):
+    eff = laws.ramp(d["tokens"], v["ramp_eps_max"], v["ramp_m_half"])
+    return laws.prefill_attention_time(d["work"], v["attention_prefill_floor"], v["peak"], eff,
+                                       v["attention_prefill_work_scale"])
+
+
+def fit_prefill_attention(obs, chip_doc, ramp: dict, *, chip: str, heldout: float = 0.2,
+                          seed: int = 0, steps: int = 1500, lr: float = 0.05,
+                          delta: float = 0.05) -> PrimitiveFit:
+    """Fit ``attention_prefill_floor`` and ``attention_prefill_work_scale`` of one chip on the
+    unwindowed rows of :class:`~calibration.profiles.PrefillAttentionObservations`.
+
+    ``ramp``: the bf16 ramp the chip ships, ``{"eps_max": ..., "m_half": ...}``.
+    """
+    t0 = time.perf_counter()
+    plain = obs.select(obs.window == 0)
+    if len(plain) == 0:
+        raise ValueError(f"{obs.source}: no prefill rows without a window")
+    windowed = obs.select(obs.window > 0)
+    fit_obs, held_obs = plain.split(heldout, seed)
+    peak = chip_doc.bf16_peak_tflops * 1e12
+    fixed = {"ramp_eps_max": ramp["eps_max"], "ramp_m_half": ramp["m_half"], "peak": peak}
+    params = (Param("attention_prefill_floor", 18e-6, units="us_per_layer"),
+              Param("attention_prefill_work_scale", 0.4))
+    prob = Problem(params, _prefill_predict, _prefill_rows(fit_obs), _prefill_rows(held_obs),
+                   fixed=fixed)
+    sol = solve(prob, steps=steps, lr=lr, delta=delta)
+    variants = {"fitted": (prob, sol.values)}
+    ref = REFERENCE.get(chip, {})
+    notes = [f"priced through the bf16 ramp the chip ships (ε_max {ramp['eps_max']:.4g}, "
+             f"m½ {ramp['m_half']:.4g}) at the bf16 peak {peak / 1e12:.1f} TFLOP/s"]
+    if ref.get("prefill") is not None:
+        e, m = ref["gemm"]["bf16"]
+        rprob = Problem((), _prefill_predict, prob.fit_rows, prob.held_rows,
+                        fixed={"ramp_eps_max": e, "ramp_m_half": m, "peak": peak})
+        variants["reference §8.7"] = (rprob, {"attention_prefill_floor": ref["prefill"][0],
+                                              "attention_prefill_work_scale": ref["prefill"][1]})
+    fb = prob.fit_rows["batch_size"] <= 16
+    hb = prob.held_rows["batch_size"] <= 16
+    errors, preds = slices_table(prob, variants,
+                                 {"unwindowed": (np.ones_like(fb), np.ones_like(hb)),
+                                  "unwindowed, batch ≤ 16": (fb, hb)}, return_predictions=True)
+    if len(windowed):
+        wf, wh = windowed.split(heldout, seed)
+        rf, rh = _prefill_rows(wf), _prefill_rows(wh)
+        for label, (p, v) in variants.items():
+            pf, ph = Problem(p.params, p.predict, rf, rh, p.fixed).evaluate_both(v)
+            errors.append(ErrorRow("windowed (not fitted)", label,
+                                   ErrorStats.of(pf, rf["latency_s"]),
+                                   ErrorStats.of(ph, rh["latency_s"])))
+        notes.append(f"{len(windowed)} windowed rows are not fitted (one prefill pair serves "
+                     "every kind); their error under the fitted pair is the 'windowed' slice")
+    written = {p.name: sol.values[p.name] for p in params}
+    plots = []
+    combos = sorted(set(zip(plain.n_q.tolist(), plain.n_kv.tolist(), plain.head_dim.tolist(),
+                            plain.kv_dtype.tolist())),
+                    key=lambda c: (c[3] != "bf16", abs(c[0] - 32) + abs(c[1] - 8), c[2] != 128))
+    if combos:
+        nq, nkv, d, kvd = combos[0]
+        withx = Problem(prob.params, prob.predict,
+                        {**prob.fit_rows, "isl": fit_obs.isl.astype(float)},
+                        {**prob.held_rows, "isl": held_obs.isl.astype(float)}, prob.fixed)
+        for b in (1, 16):
+            mf, mh = [(o.n_q == nq) & (o.n_kv == nkv) & (o.head_dim == d) & (o.kv_dtype == kvd)
+                      & (o.batch_size == b) for o in (fit_obs, held_obs)]
+            ps = plot_series(f"prefill: {nq}/{nkv} heads, d {d}, batch {b}", withx, preds, mf,
+                             mh, "isl", "prompt (tokens)")
+            if ps is not None:
+                plots.append(ps)
+    return PrimitiveFit("prefill_attention", chip, params, sol.values, written, errors,
+                        {n: "unwindowed" for n in written}, sol.laplace, str(obs.source),
+                        str(obs.sha256), len(fit_obs), len(held_obs), dict(obs.skipped), notes,
+                        time.perf_counter() - t0, plots)

@@ -1,19 +1,25 @@
 """Calibration of jkernel's step-time laws against measured data.
 
-The package turns public operator measurements into the parameters of jkernel's cost laws
-and reports how well they hold. It is built in stages:
+The package turns public operator measurements and step traces into the parameters of
+jkernel's cost laws, evaluating the very laws the step function uses (``jkernel.laws``), and
+reports how well they hold:
 
-* :mod:`calibration.profiles` (now): typed loaders for the per-operator tables of NVIDIA
+* :mod:`calibration.profiles`: typed loaders for the per-operator tables of NVIDIA
   AIConfigurator (GEMM, prefill and decode attention, MoE, MLA modules, NCCL collectives
-  and vLLM's custom all-reduce) and Vidur's per-op CSV profiles. Every table becomes a
-  frozen observation set of numpy columns with explicit units (seconds, bytes, FLOPs,
-  token counts), rows it had to drop counted by reason, and deterministic fit / held-out
-  splits keyed on the row's shape.
-* fitting of law coefficients to those observations (to follow);
-* whole-step traces: generation of synthetic traces with known parameters and recovery
-  of those parameters (to follow);
-* uncertainty of the fitted coefficients (to follow);
-* reports comparing predicted and measured times (to follow).
+  and vLLM's custom all-reduce) and Vidur's per-op CSV profiles, with explicit units,
+  dropped rows counted by reason, and deterministic fit / held-out splits by shape;
+* :mod:`calibration.fit` with :mod:`~calibration.gemm`, :mod:`~calibration.attention`,
+  :mod:`~calibration.moe` and :mod:`~calibration.collectives`: per-primitive fits in
+  log/logit space (optax, robust loss on the log ratio), held-out errors beside the
+  spec's reference values, and the whole-chip fit ``fit_chip``;
+* :mod:`calibration.traces` and :mod:`calibration.importers`: the JSON Lines step-trace
+  format, trace fits through ``jax.grad`` of ``expected_s``, and importers (aggregate rows,
+  streamed token timestamps, the splitwise table);
+* :mod:`calibration.uncertainty`: Gauss–Newton / Laplace standard errors, prediction bands
+  and identifiability;
+* :mod:`calibration.report`: coefficient sets in the catalog's format and Markdown reports;
+* ``python -m calibration profiles|traces|import`` and ``python -m calibration.regenerate``
+  (the shipped catalog's calibrated values).
 
 Importing :mod:`calibration` is cheap: it imports none of its submodules, numpy, JAX or
 pyarrow. Import the submodule you need, e.g. ``from calibration import profiles``.

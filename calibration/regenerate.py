@@ -55,8 +55,8 @@ from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
 from jkernel.params import si_scale
 
 from .fit import REFERENCE, ChipFit, FitSettings, chip_document, fit_chip
-from .report import (make_entry, profile_entries, profile_report, round_sig, save_plots,
-                     set_for)
+from .report import (CatalogDumper, make_entry, profile_entries, profile_report, round_sig,
+                     save_plots, set_for)
 
 __all__ = ["CHIPS", "ALIASES", "DERIVED", "SETS", "merge_entries", "derived_entries",
            "sixteen_rank_entries", "regenerate", "check_scenarios", "main"]
@@ -232,27 +232,6 @@ def sixteen_rank_entries(values: dict[str, float], chip: str) -> list[Entry]:
 # Files
 # --------------------------------------------------------------------------------------
 
-class _Dumper(yaml.SafeDumper):
-    """The catalog's YAML style: block maps, inline lists of scalars and small maps."""
-
-    def ignore_aliases(self, data):
-        return True
-
-
-def _repr_list(dumper, data):
-    flow = all(not isinstance(x, (dict, list)) for x in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-def _repr_dict(dumper, data):
-    flow = set(data) <= {"hardware", "model", "tp", "ep", "nodes_spanned", "kind", "cite",
-                         "role", "metric", "median", "p90", "rows"} and all(
-        not isinstance(v, dict) for v in data.values())
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
-
-
-_Dumper.add_representer(list, _repr_list)
-_Dumper.add_representer(dict, _repr_dict)
 
 
 def _header(path: Path) -> str:
@@ -269,7 +248,7 @@ def _header(path: Path) -> str:
 
 
 def write_set(path: Path, cs: CoefficientSet) -> None:
-    text = yaml.dump(coefficient_set_to_dict(cs), Dumper=_Dumper, sort_keys=False, width=100,
+    text = yaml.dump(coefficient_set_to_dict(cs), Dumper=CatalogDumper, sort_keys=False, width=100,
                      allow_unicode=True)
     header = _header(path) if path.exists() else _NOTE
     path.write_text(header + text, encoding="utf-8")

@@ -30,6 +30,8 @@ import math
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import yaml
+
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
                                             dump_coefficient_set)
 from jkernel.params import si_scale
@@ -59,6 +61,31 @@ _UNITS = (("collective_floor", "us_per_transfer"), ("collective_", "bytes_per_us
           ("host_replay_graph_per_step", "us_per_step"),
           ("host_launch_per_kernel", "us_per_transfer"), ("kernel_gap", "us_per_transfer"),
           ("host_serial", "us_per_step"), ("host_link_bandwidth", "bytes_per_us"))
+
+
+
+class CatalogDumper(yaml.SafeDumper):
+    """The catalog's YAML style: block maps, inline lists of scalars and small maps (scopes,
+    sources, error summaries); used by every writer of catalog coefficient sets."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
+def _repr_list(dumper, data):
+    flow = all(not isinstance(x, (dict, list)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+def _repr_dict(dumper, data):
+    flow = set(data) <= {"hardware", "model", "tp", "ep", "nodes_spanned", "kind", "cite",
+                         "role", "metric", "median", "p90", "rows"} and all(
+        not isinstance(v, dict) for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
+
+
+CatalogDumper.add_representer(list, _repr_list)
+CatalogDumper.add_representer(dict, _repr_dict)
 
 
 def set_for(name: str) -> str:

@@ -52,6 +52,8 @@ import yaml
 
 from jkernel.laws import collective_time
 
+from .report import CatalogDumper
+
 __all__ = [
     "Fit", "PROFILED", "DERIVED", "OPS", "read_nccl_sweeps", "mean_abs_log_error",
     "fit_collective", "geometric_error", "written", "rounded", "extrapolate_16", "scale_rates",
@@ -312,26 +314,6 @@ def build_entries(fits_by_chip: dict[str, dict]):
 # --------------------------------------------------------------------------- output
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block YAML, with lists of scalars and small maps written inline, and no aliases."""
-
-    def ignore_aliases(self, data):
-        return True
-
-
-def _repr_list(dumper, data):
-    flow = all(not isinstance(x, (dict, list)) for x in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-def _repr_dict(dumper, data):
-    flow = set(data) <= {"hardware", "kind", "cite", "role"} and all(
-        not isinstance(v, dict) for v in data.values())
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
-
-
-_Dumper.add_representer(list, _repr_list)
-_Dumper.add_representer(dict, _repr_dict)
 
 HEADER = """\
 # cost-model-collectives: the three-parameter collective law per op, width and chip.
@@ -350,7 +332,7 @@ HEADER = """\
 
 def write_set(entries, path: Path) -> None:
     doc = {"kind": "CoefficientSet", "name": "cost-model-collectives", "coefficients": entries}
-    text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    text = yaml.dump(doc, Dumper=CatalogDumper, sort_keys=False, width=100, allow_unicode=True)
     path.write_text(HEADER + text)
 
 

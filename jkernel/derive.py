@@ -263,6 +263,16 @@ def _dense_mlp_nodes(H: int, inter: int, mods: tuple[Sequence, Sequence],
             _allreduce("mlp_out", "tensor_parallel_unless_sp_moe")]
 
 
+def _ffn_nodes(H: int, is_moe: bool, moe: "_Moe | None", inter: int | None
+               ) -> tuple[str, list[dict]]:
+    """A layer's feed-forward part: ``("moe", experts)`` or ``("dense", gated MLP)`` with the
+    HF module names ``mlp.gate_proj``/``mlp.up_proj``/``mlp.down_proj``."""
+    if is_moe:
+        return "moe", _moe_nodes(H, moe)
+    return "dense", _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
+                                                ("mlp.down_proj",)))
+
+
 _STD_ATTN_MODS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 
 
@@ -685,13 +695,8 @@ def _plan_dense_family(c: _Cfg, model_type: str) -> _Plan:
         kind = "swa" if windowed[i] else "gqa"
         nodes = _std_attention_nodes(H, n_q, n_kv, d_h, kind=kind,
                                      window=window if windowed[i] else None, qk_norm=qk_norm)
-        if moe_layers[i]:
-            nodes += _moe_nodes(H, moe)
-            ffn = "moe"
-        else:
-            nodes += _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
-                                                 ("mlp.down_proj",)))
-            ffn = "dense"
+        ffn, ffn_nodes = _ffn_nodes(H, moe_layers[i], moe, inter)
+        nodes += ffn_nodes
         mixer = "swa" if windowed[i] else ("full" if any_swa else "attn")
         layers.append(_Layer(f"{mixer}_{ffn}", nodes))
     return _Plan(H=H, V=V, layers=layers, layer_prefix="model.layers.{i}.",
@@ -780,13 +785,8 @@ def _plan_deepseek(c: _Cfg, model_type: str) -> _Plan:
     layers = []
     for i in range(L):
         nodes = [dict(n) for n in attn]
-        if moe_layers[i]:
-            nodes += _moe_nodes(H, moe)
-            ffn = "moe"
-        else:
-            nodes += _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
-                                                 ("mlp.down_proj",)))
-            ffn = "dense"
+        ffn, ffn_nodes = _ffn_nodes(H, moe_layers[i], moe, inter)
+        nodes += ffn_nodes
         layers.append(_Layer(f"attn_{ffn}", nodes))
     spec = _mtp_speculator(c, _DEEPSEEK_MTP.get(model_type), L)
     return _Plan(H=H, V=V, layers=layers, layer_prefix="model.layers.{i}.", head_prefix="",
@@ -979,13 +979,8 @@ def _plan_qwen_hybrid(c: _Cfg, model_type: str) -> _Plan:
     for i in range(L):
         mixer, nodes = ("attn", [dict(n) for n in attn]) if types[i] == "full_attention" \
             else ("gdn", [dict(n) for n in gdn])
-        if moe_layers[i]:
-            nodes += _moe_nodes(H, moe)
-            ffn = "moe"
-        else:
-            nodes += _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
-                                                 ("mlp.down_proj",)))
-            ffn = "dense"
+        ffn, ffn_nodes = _ffn_nodes(H, moe_layers[i], moe, inter)
+        nodes += ffn_nodes
         layers.append(_Layer(f"{mixer}_{ffn}", nodes))
     method = "qwen3_next_mtp" if model_type == "qwen3_next" else "qwen3_5_mtp"
     spec = _mtp_speculator(c, method, L, keys=("mtp_num_hidden_layers",
@@ -1052,13 +1047,8 @@ def _plan_kimi_linear(c: _Cfg) -> _Plan:
     layers = []
     for i in range(L):
         nodes = [dict(n) for n in (kda if types[i] == "kda" else mla)]
-        if moe_layers[i]:
-            nodes += _moe_nodes(H, moe)
-            ffn = "moe"
-        else:
-            nodes += _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
-                                                 ("mlp.down_proj",)))
-            ffn = "dense"
+        ffn, ffn_nodes = _ffn_nodes(H, moe_layers[i], moe, inter)
+        nodes += ffn_nodes
         layers.append(_Layer(f"{types[i]}_{ffn}", nodes))
     spec = _mtp_speculator(c, None, L)
     return _Plan(H=H, V=V, layers=layers, layer_prefix="language_model.model.layers.{i}.",
@@ -1115,13 +1105,8 @@ def _plan_minimax_m3(c: _Cfg) -> _Plan:
         else:
             nodes = _std_attention_nodes(H, n_q, n_kv, d_h, qk_norm=qk_norm)
             mixer = "attn"
-        if moe_layers[i]:
-            nodes += _moe_nodes(H, moe)
-            ffn = "moe"
-        else:
-            nodes += _dense_mlp_nodes(H, inter, (("mlp.gate_proj", "mlp.up_proj"),
-                                                 ("mlp.down_proj",)))
-            ffn = "dense"
+        ffn, ffn_nodes = _ffn_nodes(H, moe_layers[i], moe, inter)
+        nodes += ffn_nodes
         layers.append(_Layer(f"{mixer}_{ffn}", nodes))
     spec = _mtp_speculator(c, "minimax_m3_mtp", L, repeat_key="num_mtp_modules")
     return _Plan(H=H, V=V, layers=layers, layer_prefix="model.layers.{i}.", head_prefix="",

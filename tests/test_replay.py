@@ -257,3 +257,19 @@ def test_cli_names_a_missing_column(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "x.csv" in err and "output_tokens" in err
+
+
+@pytest.mark.parametrize("clock", ["expected_s", "no_overlap_s"])
+def test_the_fast_pricing_path_prices_exactly_as_step_time(clock):
+    from jkernel.replay.sim import Pool
+
+    k = qwen()
+    pool = Pool(k, clock=clock)
+    assert pool._fast is not None
+    rng = np.random.default_rng(0)
+    for n in (1, 17, 70):
+        sched = [int(x) for x in rng.integers(1, 400, n)]
+        comp = [int(x) for x in rng.integers(0, 5000, n)]
+        items = [(None, s, c, False) for s, c in zip(sched, comp)]
+        want = step_ticks(getattr(k.step_time(jkernel.Batch(sched, comp)), clock))
+        assert pool.price([items]) == want

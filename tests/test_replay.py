@@ -273,3 +273,11 @@ def test_the_fast_pricing_path_prices_exactly_as_step_time(clock):
         items = [(None, s, c, False) for s, c in zip(sched, comp)]
         want = step_ticks(getattr(k.step_time(jkernel.Batch(sched, comp)), clock))
         assert pool.price([items]) == want
+
+
+def test_progress_bar_changes_nothing(capsys):
+    pytest.importorskip("tqdm")
+    reqs = table([(i, 0.1 * i, 100, 3) for i in range(5)])
+    quiet, shown = replay(qwen(), reqs), replay(qwen(), reqs, progress=True)
+    assert quiet.summary == shown.summary
+    assert "replay" in capsys.readouterr().err

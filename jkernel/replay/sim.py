@@ -43,7 +43,10 @@ from .scheduler import PoolLimits, Replica, Seq
 __all__ = ["Pool", "Engine", "Simulation", "ticks", "step_ticks"]
 
 US_PER_S = 1_000_000
-_ARRIVE, _STEP_END, _XFER_DONE = 0, 1, 2
+# Events at one instant run in this order: arrivals, step ends, landed transfers, then the
+# wake-ups of idle engines, so that requests arriving together are scheduled together (the
+# engine core drains its input queue before it schedules).
+_ARRIVE, _STEP_END, _XFER_DONE, _WAKE = 0, 1, 2, 3
 
 
 def ticks(seconds: float) -> int:
@@ -59,7 +62,7 @@ def step_ticks(seconds: float) -> int:
 class Engine:
     """One engine of a pool: its replicas, the step in flight and (async) the next one."""
 
-    __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next")
+    __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next", "waking")
 
     def __init__(self, pool: "Pool", index: int, node: int):
         self.pool = pool
@@ -69,6 +72,7 @@ class Engine:
         self.busy = False
         self.inflight = None
         self.next = None
+        self.waking = False
 
     def outstanding(self) -> int:
         return sum(r.outstanding() for r in self.replicas)
@@ -227,8 +231,13 @@ class Simulation:
                 replica = engine.least_loaded_replica()
                 seq.replica = replica
                 replica.waiting.append(seq)
-                if not engine.busy:
-                    self._step(engine, t)
+                if not engine.busy and not engine.waking:
+                    engine.waking = True
+                    self._push(t, _WAKE, engine)
+            elif kind == _WAKE:
+                obj.waking = False
+                if not obj.busy:
+                    self._step(obj, t)
             else:                                  # a KV transfer has landed
                 seq, engine = obj
                 seq.replica.release(seq)

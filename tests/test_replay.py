@@ -324,3 +324,27 @@ def test_data_parallel_replicas_step_in_lockstep():
     heavy = k.step_time(jkernel.Batch([800], [0])).expected_s
     light = k.step_time(jkernel.Batch([300], [0], pad_tokens=500)).expected_s
     assert first.duration_s == pytest.approx(max(heavy, light), abs=1e-6)
+
+
+def test_client_trace_row_without_a_server_count_keeps_the_clients(tmp_path):
+    raw = pd.read_csv(DATA / "agg_2rps_head.csv").head(3)
+    raw.loc[1, "server_input_tokens"] = 0
+    raw.loc[1, "status"] = "error"
+    p = tmp_path / "trace.csv"
+    raw.to_csv(p, index=False)
+    got = load_requests(p).set_index("request_id")
+    rid = raw.request_id[1]
+    assert got.loc[rid, "input_tokens"] == raw.input_tokens[1]
+    assert got.loc[rid, "input_tokens_source"] == "client"
+    assert got.loc[rid, "client_status"] == "error" and len(got) == 3
+
+
+def test_cli_json_summary(capsys):
+    import json
+
+    rc = cli.main(["replay", "qwen3-14b-h100-tp1", "--requests",
+                   str(DATA / "agg_2rps_head.csv"), "--json", "--no-progress"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["completed"] == 60 and summary["rejected"] == 0
+    assert summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]

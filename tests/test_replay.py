@@ -348,3 +348,9 @@ def test_cli_json_summary(capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["completed"] == 60 and summary["rejected"] == 0
     assert summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
+
+
+def test_an_empty_table_replays_to_an_empty_result():
+    res = replay(qwen(), table([]))
+    assert len(res.requests) == 0 and res.summary["completed"] == 0
+    assert res.summary["steps"] == 0 and np.isnan(res.summary["ttft_mean_s"])

@@ -731,10 +731,14 @@ def _check_max_model_len(stated: int, inputs: Inputs, pf: str) -> None:
 
 def _check_kv_room(plan: Plan, mem: MemoryPlan, params: Params, chip: Chip, util: float,
                    dcp_shards_all: bool, stated: bool, pf: str) -> None:
-    """Some KV page must remain after the fixed bytes (R1)."""
+    """A stated gpu_memory_utilization must leave some KV page after the fixed bytes (R1)."""
     # vLLM v0.31.0 (v1 KV cache utils): "No available memory for the cache blocks. Try
     # increasing `gpu_memory_utilization` when initializing the engine." The engine stops
-    # when the memory left for the KV cache holds no block.
+    # when the memory left for the KV cache holds no block. Applied only where the bundle
+    # states the utilization: the spec builds (and its vectors price) deployments whose
+    # weights alone overflow the default budget, so an unstated one is not refused.
+    if not stated:
+        return
     page = sequence_variable_bytes(plan, mem, plan.block_size,
                                    dcp_shards_all_kv_layers=dcp_shards_all)
     if page <= 0:
@@ -748,8 +752,7 @@ def _check_kv_room(plan: Plan, mem: MemoryPlan, params: Params, chip: Chip, util
                   f"fixed bytes (weights, activations, graphs, buffers) take "
                   f"{fixed / 2**30:.2f} GiB, leaving no {page}-byte KV page; vLLM does not "
                   "start. Raise gpu_memory_utilization or spread the model over more GPUs",
-                  field=f"{pf}.engine.gpu_memory_utilization" if stated else
-                  f"{pf}.parallel")
+                  field=f"{pf}.engine.gpu_memory_utilization")
 
 
 def resolve_context_parallel(eng, dep: Deployment, layout: Layout, facts: GraphFacts,

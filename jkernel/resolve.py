@@ -23,8 +23,7 @@ from .documents import (Chip, CoefficientSet, Deployment, Fabric, ModelGraph, Sc
                         load_fabric, load_graph, load_storage, parse_bundle, select)
 from .documents.graph import DTYPE_BYTES, LATENT_KINDS
 from .errors import Refusal
-from .memory import (MemoryPlan, fixed_bytes, kv_cache_pages, plan_memory,
-                     sequence_variable_bytes)
+from .memory import MemoryPlan, plan_memory
 from .params import CHIP_NAMES, Params, si_scale
 from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan,
                    Plan, plan_layers)
@@ -449,6 +448,12 @@ class GraphFacts:
         """DeepSeek sparse attention: sparse MLA over the 576-wide latent."""
         return any(a.kind == "sparse_mla" and a.d_h == 576 for a in self.primaries)
 
+    @property
+    def dcp_shards_all_kv_layers(self) -> bool:
+        """Every primary attention's KV is sharded by DCP (no window or recurrent kind)."""
+        return bool(self.primaries) and all(a.kind in ("gqa", "mla", "sparse_mla")
+                                            for a in self.primaries)
+
 
 def graph_facts(kinds: tuple[KindPlan, ...]) -> GraphFacts:
     return GraphFacts(
@@ -666,9 +671,13 @@ def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> Engi
                    f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB)")
     max_seqs = eng.max_num_seqs
     if not max_seqs:
-        max_seqs = 1024 if big else 256
+        # vLLM v0.31.0 EngineArgs._set_default_args: an unstated max_num_seqs takes the
+        # usage default, capped at the token budget (min(default, max_num_batched_tokens)).
+        default = 1024 if big else 256
+        max_seqs = min(default, max_tokens)
+        cap = f", capped at max_num_batched_tokens {max_tokens}" if max_seqs < default else ""
         rec.assume("max_num_seqs", max_seqs,
-                   f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB)")
+                   f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB){cap}")
     num_spec = eng.speculative.num_spec_tokens if eng.speculative else 0
     uniform_width = 1 + num_spec
     if decode_mode == EAGER and other_mode == EAGER:
@@ -698,6 +707,7 @@ def _check_budgets(max_tokens: int, max_seqs: int, block: int, mamba_mode: str, 
     # vLLM v0.31.0 SchedulerConfig.verify_max_model_len: max_num_batched_tokens must be at
     # least max_num_seqs (every running sequence needs a token each step), whatever the
     # chunked-prefill setting. Applied to the values the engine runs with, defaults included.
+    # (An unstated max_num_seqs never trips it: its default is capped at the budget.)
     which = "max_num_batched_tokens" if eng.max_num_batched_tokens else "max_num_seqs"
     if max_tokens < max_seqs:
         raise Refusal("R1", f"max_num_batched_tokens ({max_tokens}) is below max_num_seqs "
@@ -727,32 +737,6 @@ def _check_max_model_len(stated: int, inputs: Inputs, pf: str) -> None:
                   f"{inputs.model.name} derives from its config.json; vLLM does not start "
                   "(set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to let it, and jkernel, run past the "
                   "model's positions)", field=f"{pf}.engine.max_model_len")
-
-
-def _check_kv_room(plan: Plan, mem: MemoryPlan, params: Params, chip: Chip, util: float,
-                   dcp_shards_all: bool, stated: bool, pf: str) -> None:
-    """A stated gpu_memory_utilization must leave some KV page after the fixed bytes (R1)."""
-    # vLLM v0.31.0 (v1 KV cache utils): "No available memory for the cache blocks. Try
-    # increasing `gpu_memory_utilization` when initializing the engine." The engine stops
-    # when the memory left for the KV cache holds no block. Applied only where the bundle
-    # states the utilization: the spec builds (and its vectors price) deployments whose
-    # weights alone overflow the default budget, so an unstated one is not refused.
-    if not stated:
-        return
-    page = sequence_variable_bytes(plan, mem, plan.block_size,
-                                   dcp_shards_all_kv_layers=dcp_shards_all)
-    if page <= 0:
-        return
-    fixed = fixed_bytes(mem, params).total()
-    if kv_cache_pages(chip.memory_bytes, util, fixed, page) > 0:
-        return
-    budget = chip.memory_bytes * util
-    raise Refusal("R1", f"no KV cache memory available: {util:g} of the GPU's "
-                  f"{chip.memory_bytes / 2**30:.1f} GiB is {budget / 2**30:.2f} GiB, and the "
-                  f"fixed bytes (weights, activations, graphs, buffers) take "
-                  f"{fixed / 2**30:.2f} GiB, leaving no {page}-byte KV page; vLLM does not "
-                  "start. Raise gpu_memory_utilization or spread the model over more GPUs",
-                  field=f"{pf}.engine.gpu_memory_utilization")
 
 
 def resolve_context_parallel(eng, dep: Deployment, layout: Layout, facts: GraphFacts,
@@ -1044,6 +1028,28 @@ def provenance_of(chosen: dict, assumptions: dict[str, str]) -> tuple[Coefficien
               for name, scope in sorted(assumptions.items()))
 
 
+def settings_of(layout: Layout, dtypes: Dtypes, defaults: EngineDefaults, cp: ContextParallel,
+                coeffs: Coefficients, facts: GraphFacts, pool_gpus: int) -> dict:
+    """The engine settings the kernel runs with, for ``Kernel.settings``."""
+    engine_gpus = layout.pp * layout.tp * layout.pcp * layout.dp
+    return {"block_size": defaults.block_size,
+            "max_num_batched_tokens": defaults.max_num_batched_tokens,
+            "max_num_seqs": defaults.max_num_seqs, "cudagraph_mode": defaults.cudagraph_mode,
+            "gpu_memory_utilization": defaults.gpu_memory_utilization,
+            "served_dtype": dtypes.served, "cache_layout": dtypes.cache_layout,
+            "mamba_cache_mode": defaults.mamba_cache_mode,
+            "num_spec_tokens": defaults.num_spec_tokens,
+            "nodes_spanned": layout.nodes_spanned, "moe_group": layout.moe_group,
+            "dcp_comm_backend": cp.dcp_comm_backend, "dcp_interleave": cp.interleave,
+            "state_bytes": dtypes.state_bytes, "pd_floor_name": coeffs.pd_floor_name,
+            # vLLM classifies a request as a decode up to the uniform decode width
+            # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
+            # passes per batch (step.md §1.1).
+            "decode_threshold": defaults.uniform_decode_width,
+            "engine_gpus": engine_gpus, "engines": pool_gpus // engine_gpus,
+            "dcp_shards_all_kv_layers": facts.dcp_shards_all_kv_layers}
+
+
 # ---------------------------------------------------------------------------------------
 # The composer
 # ---------------------------------------------------------------------------------------
@@ -1126,11 +1132,6 @@ def _resolve(inputs: Inputs) -> Resolved:
     plan = build_plan(model, kinds, head, chip, layout, dtypes, defaults, cp, coeffs, experts,
                       facts)
     params = build_params(coeffs, chip, layout, dtypes)
-    dcp_shards_all = bool(facts.primaries) and all(
-        a.kind in ("gqa", "mla", "sparse_mla") for a in facts.primaries)
-    _check_kv_room(plan, mem, params, chip, defaults.gpu_memory_utilization, dcp_shards_all,
-                   bool(eng.gpu_memory_utilization), pf)
-
     version = _Record()
     if sc.engine_version != ENGINE_BEHAVIOUR_VERSION:
         version.assume("engine_version", ENGINE_BEHAVIOUR_VERSION,
@@ -1147,25 +1148,8 @@ def _resolve(inputs: Inputs) -> Resolved:
         sequence_parallel_moe=layout.sp_moe,
         overrides=tuple(o for n in notes for o in n.overrides),
         decode_context_parallel_width=layout.dcp, prefill_context_parallel_width=layout.pcp)
-    engines = (pool.nodes * cl.gpus_per_node) // (layout.pp * layout.tp * layout.pcp
-                                                  * layout.dp)
-    settings = {"block_size": defaults.block_size,
-                "max_num_batched_tokens": defaults.max_num_batched_tokens,
-                "max_num_seqs": defaults.max_num_seqs, "cudagraph_mode": defaults.cudagraph_mode,
-                "gpu_memory_utilization": defaults.gpu_memory_utilization,
-                "served_dtype": dtypes.served, "cache_layout": dtypes.cache_layout,
-                "mamba_cache_mode": defaults.mamba_cache_mode,
-                "num_spec_tokens": defaults.num_spec_tokens,
-                "nodes_spanned": layout.nodes_spanned, "moe_group": layout.moe_group,
-                "dcp_comm_backend": cp.dcp_comm_backend, "dcp_interleave": cp.interleave,
-                "state_bytes": dtypes.state_bytes, "pd_floor_name": coeffs.pd_floor_name,
-                # vLLM classifies a request as a decode up to the uniform decode width
-                # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
-                # passes per batch (step.md §1.1).
-                "decode_threshold": defaults.uniform_decode_width,
-                "engine_gpus": layout.pp * layout.tp * layout.pcp * layout.dp,
-                "engines": engines,
-                "dcp_shards_all_kv_layers": dcp_shards_all}
+    settings = settings_of(layout, dtypes, defaults, cp, coeffs, facts,
+                           pool.nodes * cl.gpus_per_node)
     links = {"nvlink_bytes_per_s": layout.nvlink_bytes_per_s,
              "nic_bytes_per_s": layout.nic_bytes_per_s, "rack_domain": layout.rack_domain}
     return Resolved(plan, params, mem, resolution, provenance_of(chosen, assumptions),

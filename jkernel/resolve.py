@@ -1,7 +1,19 @@
 """Construction: documents → widths, defaults, refusals, provenance, plan and params.
 
 Everything here runs once per pool, in plain Python, and may raise :class:`Refusal`
-(resolution.md §13). The order of checks follows resolution.md §2. The result,
+(resolution.md §13). :func:`resolve` composes pure stages, each returning a frozen record:
+
+* :func:`resolve_layout` → :class:`Layout` (widths, groups, all-reduce backend, links);
+* :func:`~jkernel.plan.plan_layers` → the kind plans, and :func:`graph_facts` →
+  :class:`GraphFacts` (what the rules need to know of the model, read from the kind plans);
+* :func:`resolve_dtypes` → :class:`Dtypes` (served dtype, GEMM family, cache layout);
+* :func:`resolve_engine_defaults` → :class:`EngineDefaults` (unstated settings defaulted);
+* :func:`resolve_context_parallel` → :class:`ContextParallel`;
+* :func:`resolve_coefficients` → :class:`Coefficients` (lifted values, the collective keys of
+  :func:`collective_keys`, the names the step reads);
+* :func:`resolve_experts`, :func:`build_plan`, :func:`build_params`, :func:`provenance_of`.
+
+Each stage's assumptions and overrides travel in its record's :class:`Notes`. The result,
 :class:`Resolved`, holds the static :class:`~jkernel.plan.Plan`, the
 :class:`~jkernel.params.Params` pytree and the introspection records of §12.
 """

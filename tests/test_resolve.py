@@ -1098,3 +1098,40 @@ def test_unknown_scenario_name_points_at_the_catalog():
     with pytest.raises(Refusal) as info:
         jkernel.open_inputs("no-such-scenario")
     assert info.value.code == "R2" and "jkernel catalog" in info.value.reason
+
+
+# -- the staged resolution -------------------------------------------------------------------
+
+def test_stage_records_are_frozen_and_hashable():
+    """Every stage returns a frozen record (static structure), so a stage cannot be edited
+    after the fact and its output can key a cache."""
+    from jkernel import resolve as R
+    from jkernel.plan import plan_layers
+
+    inputs = inputs_for(**DS, tp=8)
+    pool = inputs.deployment.pools[0]
+    layout = R.resolve_layout(inputs.scenario, pool, inputs.chip, inputs.fabric)
+    kinds, _ = plan_layers(inputs.model, tp=8, moe_group=layout.moe_group, sp_moe=False,
+                           served_bytes=1.0, state_bytes=4.0, routed_a2a=False)
+    facts = R.graph_facts(kinds)
+    defaults = R.resolve_engine_defaults(pool.engine, inputs.chip, facts, "pools[0]")
+    for record in (layout, facts, defaults):
+        hash(record)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.__setattr__(dataclasses.fields(record)[0].name, None)
+    assert facts.latent and facts.has_moe and not facts.has_recurrent
+    assert layout.tp == 8 and layout.group("TP").width == 8
+
+
+def test_graph_facts_come_from_the_kind_plans_not_the_raw_graph():
+    """A layer kind the stack never runs (here: an added gqa kind) does not change what the
+    resolution knows of the model; before, primaries were read from every declared kind."""
+    inputs = inputs_for(**TINY, tp=1)
+    model = inputs.model
+    extra = dataclasses.replace(model.layer_kinds[0], id="unused_swa", nodes=tuple(
+        dataclasses.replace(n, kind="swa", window=128) if n.op == "Attention" else n
+        for n in model.layer_kinds[0].nodes))
+    unused = dataclasses.replace(model, layer_kinds=model.layer_kinds + (extra,))
+    a = jkernel.new(inputs)
+    b = jkernel.new(dataclasses.replace(inputs, model=unused))
+    assert a.plan == b.plan and a.provenance() == b.provenance()

@@ -120,6 +120,12 @@ def _cmd_catalog(args) -> int:
              "models": _catalog.list_models, "scenarios": _catalog.list_scenarios,
              "sets": _catalog.list_coefficient_sets}
     what = [args.what] if args.what else list(lists)
+    if args.json:
+        out = {"catalog": str(_catalog.catalog_root()),
+               "registry": str(_catalog.registry_root())}
+        out.update({w: lists[w]() for w in what})
+        print(json.dumps(out, indent=2))
+        return 0
     print(f"catalog  {_catalog.catalog_root()}")
     print(f"registry {_catalog.registry_root()}")
     for w in what:
@@ -130,8 +136,25 @@ def _cmd_catalog(args) -> int:
     return 0
 
 
+def _provenance_row(k) -> dict:
+    ev, total, assumed = k.evidence()
+    return {"scenario": k.inputs.scenario.name, "pool": k.inputs.pool_index,
+            "role": k.deployment().role, "evidenced": ev, "values": total,
+            "assumed": list(assumed),
+            "entries": [{"name": p.name, "set": p.set, "method": p.method, "scope": p.scope}
+                        for p in k.provenance()],
+            "overrides": [{"field": o.field, "requested": o.requested,
+                           "resolved": o.resolved, "reason": o.reason}
+                          for o in k.resolved().overrides]}
+
+
 def _cmd_provenance(args) -> int:
-    for k in _kernels(args):
+    kernels = _kernels(args)
+    if args.json:
+        out = [_provenance_row(k) for k in kernels]
+        print(json.dumps(out if len(out) > 1 else out[0], indent=2, default=str))
+        return 0
+    for k in kernels:
         print(_title(k))
         ev, total, assumed = k.evidence()
         print(f"  {ev} of {total} values evidenced; {len(assumed)} assumed")
@@ -220,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("catalog", help="list chips, fabrics, models, scenarios, sets")
     s.add_argument("what", nargs="?", choices=["chips", "fabrics", "models", "scenarios",
                                                "sets"])
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(fn=_cmd_catalog)
     s = sub.add_parser("derive", help="derive a model graph from a Hugging Face config.json")
     s.add_argument("config")

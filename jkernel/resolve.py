@@ -1,7 +1,19 @@
 """Construction: documents → widths, defaults, refusals, provenance, plan and params.
 
 Everything here runs once per pool, in plain Python, and may raise :class:`Refusal`
-(resolution.md §13). The order of checks follows resolution.md §2. The result,
+(resolution.md §13). :func:`resolve` composes pure stages, each returning a frozen record:
+
+* :func:`resolve_layout` → :class:`Layout` (widths, groups, all-reduce backend, links);
+* :func:`~jkernel.plan.plan_layers` → the kind plans, and :func:`graph_facts` →
+  :class:`GraphFacts` (what the rules need to know of the model, read from the kind plans);
+* :func:`resolve_dtypes` → :class:`Dtypes` (served dtype, GEMM family, cache layout);
+* :func:`resolve_engine_defaults` → :class:`EngineDefaults` (unstated settings defaulted);
+* :func:`resolve_context_parallel` → :class:`ContextParallel`;
+* :func:`resolve_coefficients` → :class:`Coefficients` (lifted values, the collective keys of
+  :func:`collective_keys`, the names the step reads);
+* :func:`resolve_experts`, :func:`build_plan`, :func:`build_params`, :func:`provenance_of`.
+
+Each stage's assumptions and overrides travel in its record's :class:`Notes`. The result,
 :class:`Resolved`, holds the static :class:`~jkernel.plan.Plan`, the
 :class:`~jkernel.params.Params` pytree and the introspection records of §12.
 """
@@ -9,7 +21,10 @@ Everything here runs once per pool, in plain Python, and may raise :class:`Refus
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +37,8 @@ from .documents.graph import DTYPE_BYTES, LATENT_KINDS
 from .errors import Refusal
 from .memory import MemoryPlan, plan_memory
 from .params import CHIP_NAMES, Params, si_scale
-from .plan import (EAGER, FULL, PIECEWISE, CollectiveKey, GroupPlan, Plan, plan_layers)
+from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan,
+                   Plan, plan_layers)
 
 __all__ = ["ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET", "RULES", "Rules", "Inputs",
            "Override", "CoefficientOrigin", "Resolution", "Resolved", "open_inputs",
@@ -34,7 +50,7 @@ KERNEL_ASSUMPTION_SET = "jkernel"
 
 @dataclass(frozen=True)
 class Rules:
-    """The built-in engine rules table (documents.md §9), applied to every version (D11)."""
+    """The built-in engine rules table (documents.md §9), applied to every covered version."""
 
     custom_allreduce_widths: tuple[int, ...] = (2, 4, 6, 8, 16)
     sp_moe_backends: tuple[str, ...] = (
@@ -59,6 +75,10 @@ class Inputs:
     devices: dict[str, StorageClass]
     coefficient_sets: tuple[CoefficientSet, ...]
     rules: Rules = RULES
+    bundle_file: str | None = None    # where the scenario bundle was read from, if a file
+    model_file: str | None = None     # where the model graph was read from
+    model_max_len: int = 0            # the model's longest context as vLLM derives it; 0 unknown
+    allow_long_max_model_len: bool = False   # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 at open time
 
 
 @dataclass(frozen=True)
@@ -126,16 +146,18 @@ def open_inputs(bundle: Any, repos: _catalog.Repos | None = None, pool: int | st
     works too), YAML text, or a pair of mappings (Scenario, Deployment). ``pool``: an index or
     a role (``"prefill"``, ``"decode"``, ``"colocated"``).
     """
+    bundle_file = None
     if isinstance(bundle, (str, Path)) and not (isinstance(bundle, str) and "\n" in bundle):
         path = _catalog.scenario_path(bundle, repos)
         scenario, deployment = load_bundle(path)
+        bundle_file = str(path)
     else:
         scenario, deployment = parse_bundle(bundle)
     index = _pool_index(deployment, pool)
     croot = _catalog.catalog_root(repos)
     rroot = _catalog.registry_root(repos)
-    model = load_graph(_need(croot / "models" / scenario.model / "graph.yaml", "model",
-                             scenario.model), expected_name=scenario.model)
+    model_path = _need(croot / "models" / scenario.model / "graph.yaml", "model", scenario.model)
+    model = load_graph(model_path, expected_name=scenario.model)
     chip = load_chip(_need(croot / "hardware" / f"{scenario.cluster.hardware}.yaml", "chip",
                            scenario.cluster.hardware))
     fabric = None
@@ -147,7 +169,49 @@ def open_inputs(bundle: Any, repos: _catalog.Repos | None = None, pool: int | st
     sets = tuple(load_coefficient_set(_need(rroot / "coefficients" / f"{s}.yaml",
                                             "coefficient set", s))
                  for s in scenario.coefficients)
-    return Inputs(scenario, deployment, index, model, chip, fabric, devices, sets)
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    return Inputs(scenario, deployment, index, model, chip, fabric, devices, sets,
+                  bundle_file=bundle_file, model_file=str(model_path),
+                  model_max_len=_derived_max_model_len(model, model_path),
+                  allow_long_max_model_len=allow_long)
+
+
+#: Config keys vLLM reads a model's context length from, taking the smallest present
+#: (vLLM v0.31.0 ModelConfig, _get_and_verify_max_len).
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                 "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def _derived_max_model_len(model: ModelGraph, graph_path: Path) -> int:
+    """The longest context vLLM derives from the model's config.json, 0 when unknown.
+
+    Follows vLLM v0.31.0 _get_and_verify_max_len: the smallest of the length keys, scaled by
+    a RoPE scaling ``factor`` (yarn scales its ``original_max_position_embeddings``); the
+    su, longrope and llama3 RoPE types are not scaled.
+    """
+    src = dict(model.derived_from).get("path") if model.derived_from else None
+    cfg_path = graph_path.parent / (src or "config.json")
+    if not cfg_path.is_file():
+        return 0
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError):
+        return 0
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    lengths = [cfg[k] for k in _MAX_LEN_KEYS
+               if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
+    if not lengths:
+        return 0
+    derived = float(min(lengths))
+    rope = cfg.get("rope_scaling")
+    if isinstance(rope, dict) and "factor" in rope:
+        kind = rope.get("rope_type", rope.get("type", ""))
+        if kind not in ("su", "longrope", "llama3"):
+            if kind == "yarn" and "original_max_position_embeddings" in rope:
+                derived = float(rope["original_max_position_embeddings"])
+            derived *= float(rope["factor"])
+    return int(derived)
 
 
 def _need(path: Path, what: str, name: str) -> Path:
@@ -224,25 +288,43 @@ def _check_consistency(sc: Scenario, dep: Deployment, chip: Chip,
         pool_gpus = p.nodes * cl.gpus_per_node
         if pool_gpus % engine_gpus:
             raise Refusal("R4", f"one engine takes pp·tp·pcp·dp = {engine_gpus} GPUs, which "
-                          f"does not divide the pool's {pool_gpus} GPUs (D17)", field=f)
+                          f"does not divide the pool's {pool_gpus} GPUs, so the pool cannot "
+                          "be split into whole engines", field=f)
 
 
-def _check_heads(model: ModelGraph, dep: Deployment) -> None:
-    """tp must divide the attention heads (R5): the engine would not start otherwise."""
+def _check_heads(model_name: str, facts: "GraphFacts", dep: Deployment) -> None:
+    """The attention heads must split over tp as vLLM splits them (R5)."""
     # spec silent; vLLM v0.31.0: ModelConfig.verify_with_parallel_config raises "Total
     # number of attention heads (N) must be divisible by tensor parallel size (tp)".
     # num_attention_heads is the primary (role-less) attention's n_q; a model without
     # attention (pure recurrent) is not checked.
-    heads = sorted({n.n_q for lk in model.layer_kinds for n in lk.nodes
-                    if n.op == "Attention" and not n.role and n.n_q})
+    heads = sorted({a.n_q for a in facts.primaries if a.n_q})
     for i, p in enumerate(dep.pools):
         tp = p.parallel.tp
         bad = [h for h in heads if tp >= 1 and h % tp]
         if bad:
             ok = [w for w in range(1, bad[0] + 1) if all(h % w == 0 for h in heads)]
             raise Refusal("R5", f"tp {tp} does not divide the {bad[0]} attention heads of "
-                          f"{model.name}; vLLM refuses it. Widths that divide: "
+                          f"{model_name}; vLLM refuses it. Widths that divide: "
                           f"{', '.join(map(str, ok))}", field=f"pools[{i}].parallel.tp")
+    # vLLM v0.31.0: the attention backends need whole query groups (num_heads divisible by
+    # num_kv_heads), and QKVParallelLinear shards KV heads over tp (n_kv divisible by tp)
+    # or replicates them (tp divisible by n_kv). Latent attention has one shared latent.
+    grouped = sorted({(a.n_q, a.n_kv) for a in facts.primaries
+                      if a.kind not in LATENT_KINDS and a.n_q and a.n_kv})
+    for n_q, n_kv in grouped:
+        if n_q % n_kv:
+            raise Refusal("R5", f"{model_name} has {n_q} query heads for {n_kv} KV heads; vLLM "
+                          "does not start it: each KV head must serve a whole group of query "
+                          "heads", field="n_kv")
+    for i, p in enumerate(dep.pools):
+        tp = p.parallel.tp
+        for n_q, n_kv in grouped:
+            if tp > 1 and (tp % n_kv if tp >= n_kv else n_kv % tp):
+                raise Refusal("R5", f"tp {tp} neither divides nor is a multiple of the {n_kv} "
+                              f"KV heads of {model_name}; vLLM does not start it, as it can "
+                              "neither shard nor replicate them evenly",
+                              field=f"pools[{i}].parallel.tp")
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,11 +368,19 @@ def _suffix_and_peak(served: str, chip: Chip) -> tuple[str, float]:
 
 
 # ---------------------------------------------------------------------------------------
-# The resolution proper
+# Stage records: each stage is a pure function of the documents and the earlier records
 # ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Notes:
+    """What one stage assumed (``name → "value: reason"``) and overrode, in its order."""
+
+    assumptions: tuple[tuple[str, str], ...] = ()
+    overrides: tuple[Override, ...] = ()
+
+
 class _Record:
-    """Collects assumptions and overrides while resolving."""
+    """Collects one stage's assumptions and overrides; :meth:`notes` freezes them."""
 
     def __init__(self):
         self.assumptions: dict[str, str] = {}
@@ -302,6 +392,164 @@ class _Record:
     def override(self, fld: str, requested: Any, resolved: Any, reason: str) -> None:
         self.overrides.append(Override(fld, requested, resolved, reason))
 
+    def notes(self) -> Notes:
+        return Notes(tuple(self.assumptions.items()), tuple(self.overrides))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout and links of one pool (resolution.md §2.3, §4): widths ≥ 1."""
+
+    tp: int
+    pp: int
+    dp: int
+    pcp: int
+    dcp: int
+    expert_parallel: bool
+    ep: int
+    moe_group: int
+    sp_moe: bool
+    routed_a2a: bool
+    all_reduce_backend: str
+    nodes_spanned: int
+    groups: tuple[GroupPlan, ...]
+    nvlink_bytes_per_s: float
+    nic_bytes_per_s: float
+    rack_domain: bool
+    notes: Notes = Notes()
+
+    def group(self, name: str) -> GroupPlan:
+        return next(g for g in self.groups if g.name == name)
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the resolution needs to know of the model, read from the kind plans.
+
+    ``primaries``: each planned kind's role-less attention, in stack order.
+    """
+
+    primaries: tuple[AttentionPlan, ...]
+    attention_kinds: frozenset[str]      # primary and secondary attention kinds
+    recurrent_kinds: tuple[str, ...]     # sorted
+    has_moe: bool
+    experts: int                         # routed experts of the widest MoE kind
+
+    @property
+    def has_attention(self) -> bool:
+        return bool(self.attention_kinds)
+
+    @property
+    def has_recurrent(self) -> bool:
+        return bool(self.recurrent_kinds)
+
+    @property
+    def first_attention(self) -> AttentionPlan | None:
+        return self.primaries[0] if self.primaries else None
+
+    @property
+    def latent(self) -> bool:
+        return any(a.kind in LATENT_KINDS for a in self.primaries)
+
+    @property
+    def sparse(self) -> bool:
+        return any(a.kind == "sparse_mla" for a in self.primaries)
+
+    @property
+    def dsa(self) -> bool:
+        """DeepSeek sparse attention: sparse MLA over the 576-wide latent."""
+        return any(a.kind == "sparse_mla" and a.d_h == 576 for a in self.primaries)
+
+    @property
+    def dcp_shards_all_kv_layers(self) -> bool:
+        """Every primary attention's KV is sharded by DCP (no window or recurrent kind)."""
+        return bool(self.primaries) and all(a.kind in ("gqa", "mla", "sparse_mla")
+                                            for a in self.primaries)
+
+
+def graph_facts(kinds: tuple[KindPlan, ...]) -> GraphFacts:
+    return GraphFacts(
+        primaries=tuple(k.attention for k in kinds if k.attention is not None),
+        attention_kinds=frozenset(
+            [k.attention.kind for k in kinds if k.attention is not None]
+            + [s.kind for k in kinds for s in k.secondaries]),
+        recurrent_kinds=tuple(sorted({k.recurrent.kind for k in kinds
+                                      if k.recurrent is not None})),
+        has_moe=any(k.moe for k in kinds),
+        experts=max((k.experts for k in kinds if k.moe), default=0))
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Served weight dtype, its compute peak, and the cache layout (§6, memory.md §1.2)."""
+
+    served: str
+    served_bytes: float
+    suffix: str                 # the GEMM coefficient family: bf16, fp8, nvfp4
+    peak_flops_per_s: float
+    state_bytes: float          # recurrent state element bytes
+    cache_element_bytes: float
+    packed_cell_bytes: float    # one layer's packed cell, 0 when not packed
+    cache_layout: str
+    notes: Notes = Notes()
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    """Engine settings as the engine would run them, unstated ones defaulted (§7, §10, §11)."""
+
+    cudagraph_mode: str
+    decode_mode: int
+    other_mode: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_spec_tokens: int
+    uniform_decode_width: int
+    capture_ceiling: int
+    block_size: int
+    mamba_cache_mode: str
+    gpu_memory_utilization: float
+    notes: Notes = Notes()
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """The DCP combine, KV interleave and MLA context chunk (§8)."""
+
+    dcp_comm_backend: str
+    interleave: int
+    mla_chunk: int
+    notes: Notes = Notes()
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Registry values lifted for one pool (§2.12, §5) and the names the step reads."""
+
+    values: dict = field(hash=False, compare=False)   # name → value in document units
+    used: frozenset[str] = frozenset()
+    gemm_names: tuple[str, str, str, str] = ("", "", "", "")
+    shape_aware: bool = False
+    collective_keys: tuple[CollectiveKey, ...] = ()
+    pd_floor_name: str | None = None
+    decode_pairs: tuple[tuple[str, str, str], ...] = ()
+    recurrent_names: tuple[tuple[str, str, str], ...] = ()
+    notes: Notes = Notes()
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Expert geometry (§4.7)."""
+
+    physical: int
+    per_rank: int
+    shards: int
+    redundant: int
+
+
+# ---------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------
 
 def _snap_memory(widths: list[int], w: int) -> int:
     """Memory-family width snapping (resolution.md §5.4)."""
@@ -311,40 +559,20 @@ def _snap_memory(widths: list[int], w: int) -> int:
     return max(below) if below else min(widths)
 
 
-def resolve(inputs: Inputs) -> Resolved:
-    """Validate and resolve one pool (resolution.md §2). Raises :class:`Refusal`."""
-    sc, dep, model, chip = inputs.scenario, inputs.deployment, inputs.model, inputs.chip
-    missing = [n for n, v in (("scenario", sc), ("deployment", dep), ("model", model),
-                              ("chip", chip)) if v is None]
-    if missing:
-        raise Refusal("R3", f"required document(s) absent: {', '.join(missing)}")
-    if not 0 <= inputs.pool_index < len(dep.pools):
-        raise Refusal("R3", f"no pool at index {inputs.pool_index}", field="pools")
-    inputs = copy.deepcopy(inputs)   # a built kernel never changes with its inputs
-    sc, dep, model, chip, fabric = (inputs.scenario, inputs.deployment, inputs.model,
-                                    inputs.chip, inputs.fabric)
-    rules = inputs.rules
+def resolve_layout(sc: Scenario, pool, chip: Chip, fabric: Fabric | None,
+                   rules: Rules = RULES) -> Layout:
+    """Widths, groups, the all-reduce backend and the links of one pool (§2.3, §4)."""
+    cl, par, eng = sc.cluster, pool.parallel, pool.engine
     rec = _Record()
-    _check_consistency(sc, dep, chip, inputs.devices)
-    _check_heads(model, dep)
-    cl = sc.cluster
-    pool = dep.pools[inputs.pool_index]
-    par, eng = pool.parallel, pool.engine
-    pf = f"pools[{inputs.pool_index}]"
-
-    # -- links (§2.3) ---------------------------------------------------------------------
     nvlink = chip.nvlink_gbps * 1e9
     nic = fabric.inter_node_gbps * 1e9 if fabric is not None else nvlink
     rack_domain = chip.rack_domain
-
-    # -- parallel layout (§4) -------------------------------------------------------------
     tp, pp, dp = par.tp, par.pp, par.dp
     pcp, dcp = max(par.pcp, 1), max(par.dcp, 1)
     ep_on = par.enable_expert_parallel
     ep = tp * pcp * dp if ep_on else 1
     moe_group_width = ep if (ep_on or dp <= 1) else tp * pcp * dp
     moe_group = max(moe_group_width, ep)
-    has_moe = any(n.op == "GroupedGEMM" for lk in model.layer_kinds for n in lk.nodes)
     sp_moe = ep_on and tp > 1 and dp > 1 and eng.all2all_backend in rules.sp_moe_backends
     requested_custom = not (eng.disable_custom_all_reduce is True
                             or eng.allreduce_backend == "nccl")
@@ -372,66 +600,57 @@ def resolve(inputs: Inputs) -> Resolved:
         if gpn <= 0 or width <= per_node:
             crosses = False
         elif rack_domain and width * stride <= rack_gpus:
-            crosses = False   # D9: a group inside a rack-wide NVLink domain stays on NVLink
+            crosses = False   # a group inside a rack-wide NVLink domain stays on NVLink
         else:
             crosses = True
         return GroupPlan(name, width, stride, per_node, crosses)
 
     groups = (group("TP", tp, 1), group("Expert", moe_group, 1),
               group("DCP", dcp, tp if (pcp > 1 and dcp <= pcp) else 1), group("PCP", pcp, tp))
+    routed_a2a = ep_on and eng.all2all_backend not in ("", "naive", "allgather_reducescatter")
+    return Layout(tp=tp, pp=pp, dp=dp, pcp=pcp, dcp=dcp, expert_parallel=ep_on, ep=ep,
+                  moe_group=moe_group, sp_moe=sp_moe, routed_a2a=routed_a2a,
+                  all_reduce_backend=ar_backend, nodes_spanned=nodes_spanned, groups=groups,
+                  nvlink_bytes_per_s=nvlink, nic_bytes_per_s=nic, rack_domain=rack_domain,
+                  notes=rec.notes())
 
-    # -- coefficients (§5) ----------------------------------------------------------------
-    chosen = select(inputs.coefficient_sets, hardware=cl.hardware, model=sc.model, tp=tp,
-                    ep=ep, nodes_spanned=nodes_spanned)
-    if not chosen:
-        raise Refusal("R17", f"no coefficient of the sets {list(sc.coefficients)} applies to "
-                      f"hardware {cl.hardware}, model {sc.model}, tp {tp}, ep {ep}, "
-                      f"nodes_spanned {nodes_spanned}", field="coefficients")
 
-    # -- dtypes (§6) ----------------------------------------------------------------------
-    # resolution.md §13: `field` is the setting's document path, pools[i].engine.… like every
-    # other engine refusal (before: the pool prefix was missing).
-    served = _served_dtype(eng.quantization, model.weight_dtype, f"{pf}.engine.quantization")
-    served_bytes = DTYPE_BYTES.get(served, 2.0)
-    suffix, peak = _suffix_and_peak(served, chip)
-    primaries = [n for lk in model.layer_kinds for n in lk.nodes
-                 if n.op == "Attention" and not n.role]
-    kinds_in_stack = set(model.stack.expanded())
-    stack_primaries = [n for lk in model.layer_kinds if lk.id in kinds_in_stack
-                       for n in lk.nodes if n.op == "Attention" and not n.role]
-    first_attn = next((n for kid in _first_appearance(model) for n in model.kind(kid).nodes
-                       if n.op == "Attention" and not n.role), None)
-    kv_kind = first_attn.kind if first_attn is not None else ""
-    latent_model = any(n.kind in LATENT_KINDS for n in primaries)
-    sparse_model = any(n.kind == "sparse_mla" for n in primaries)
-    dsa = any(n.kind == "sparse_mla" and n.d_h == 576 for n in primaries)
-    has_recurrent = any(n.op == "RecurrentUpdate" for lk in model.layer_kinds
-                        for n in lk.nodes)
-    cache_elem, packed_cell, layout = _cache_layout(eng.cache_dtype, served_bytes, dsa,
-                                                    latent_model, sparse_model, chip, dcp,
-                                                    rec, pf)
+def _state_bytes(mamba_cache_dtype: str, pf: str) -> float:
+    """Recurrent state element bytes (memory.md §3.1)."""
     state_bytes = {"": 4.0, "auto": 4.0, "float32": 4.0, "float16": 2.0,
-                   "bfloat16": 2.0}.get(eng.mamba_cache_dtype)
+                   "bfloat16": 2.0}.get(mamba_cache_dtype)
     if state_bytes is None:
-        raise Refusal("R11", f"mamba_cache_dtype {eng.mamba_cache_dtype!r} is not accepted; "
+        raise Refusal("R11", f"mamba_cache_dtype {mamba_cache_dtype!r} is not accepted; "
                       "allowed: auto, float32, float16, bfloat16",
                       field=f"{pf}.engine.mamba_cache_dtype")
+    return state_bytes
 
-    # -- pipeline parallelism (§2.7) --------------------------------------------------------
-    if pp > 1:
-        raise Refusal("R13", f"pp {pp}: pipeline parallelism wider than 1 is not priced; use "
-                      "pp 1 (widen tp or dp instead)", field=f"{pf}.parallel.pp")
 
-    # -- plan (§2.8) ----------------------------------------------------------------------
-    routed_a2a = ep_on and eng.all2all_backend not in ("", "naive", "allgather_reducescatter")
-    kinds, head = plan_layers(model, tp=tp, moe_group=moe_group, sp_moe=sp_moe,
-                              served_bytes=served_bytes, state_bytes=state_bytes,
-                              routed_a2a=routed_a2a)
+def resolve_dtypes(eng, weight_dtype: str, chip: Chip, facts: GraphFacts, dcp: int,
+                   pf: str) -> Dtypes:
+    """Served dtype, GEMM family and peak, and the KV cache layout (§6)."""
+    rec = _Record()
+    served = _served_dtype(eng.quantization, weight_dtype, f"{pf}.engine.quantization")
+    served_bytes = DTYPE_BYTES.get(served, 2.0)
+    suffix, peak = _suffix_and_peak(served, chip)
+    cache_elem, packed_cell, layout = _cache_layout(eng.cache_dtype, served_bytes, facts.dsa,
+                                                    facts.latent, facts.sparse, chip, dcp,
+                                                    rec, pf)
+    return Dtypes(served, served_bytes, suffix, peak, _state_bytes(eng.mamba_cache_dtype, pf),
+                  cache_elem, packed_cell, layout, rec.notes())
 
-    # -- recurrent cache mode (§10) ---------------------------------------------------------
+
+_GRAPH_MODES = {"PIECEWISE": (PIECEWISE, PIECEWISE), "FULL": (FULL, FULL),
+                "FULL_AND_PIECEWISE": (FULL, PIECEWISE), "FULL_DECODE_ONLY": (FULL, EAGER),
+                "NONE": (EAGER, EAGER)}
+
+
+def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> EngineDefaults:
+    """Graph modes, scheduler budgets, block size and recurrent cache mode (§7, §10, §11)."""
+    rec = _Record()
     prefix_on = eng.enable_prefix_caching is not False
     mamba_mode = ""
-    if has_recurrent:
+    if facts.has_recurrent:
         stated = eng.mamba_cache_mode
         if stated not in ("", "none", "align", "all"):
             raise Refusal("R16", f"unknown mamba_cache_mode {stated!r}; allowed: none, align, "
@@ -449,18 +668,13 @@ def resolve(inputs: Inputs) -> Resolved:
             rec.assume("mamba_cache_mode", mamba_mode,
                        "vLLM v0.31.0 default with prefix caching " + ("on" if prefix_on
                                                                       else "off"))
-
-    # -- graph modes, capture ceiling, block size, scheduler defaults (§7, §11) ----------
-    modes = {"PIECEWISE": (PIECEWISE, PIECEWISE), "FULL": (FULL, FULL),
-             "FULL_AND_PIECEWISE": (FULL, PIECEWISE), "FULL_DECODE_ONLY": (FULL, EAGER),
-             "NONE": (EAGER, EAGER)}
     mode_name = eng.cudagraph_mode or "FULL_AND_PIECEWISE"
-    if mode_name not in modes:
+    if mode_name not in _GRAPH_MODES:
         raise Refusal("R16", f"unknown cudagraph_mode {eng.cudagraph_mode!r}; allowed: "
-                      f"{', '.join(modes)}", field=f"{pf}.engine.cudagraph_mode")
+                      f"{', '.join(_GRAPH_MODES)}", field=f"{pf}.engine.cudagraph_mode")
     if not eng.cudagraph_mode:
         rec.assume("cudagraph_mode", mode_name, "vLLM v0.31.0 default")
-    decode_mode, other_mode = modes[mode_name]
+    decode_mode, other_mode = _GRAPH_MODES[mode_name]
     big = chip.memory_gib >= 70 and not chip.is_a100
     max_tokens = eng.max_num_batched_tokens
     if not max_tokens:
@@ -469,9 +683,13 @@ def resolve(inputs: Inputs) -> Resolved:
                    f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB)")
     max_seqs = eng.max_num_seqs
     if not max_seqs:
-        max_seqs = 1024 if big else 256
+        # vLLM v0.31.0 EngineArgs._set_default_args: an unstated max_num_seqs takes the
+        # usage default, capped at the token budget (min(default, max_num_batched_tokens)).
+        default = 1024 if big else 256
+        max_seqs = min(default, max_tokens)
+        cap = f", capped at max_num_batched_tokens {max_tokens}" if max_seqs < default else ""
         rec.assume("max_num_seqs", max_seqs,
-                   f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB)")
+                   f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB){cap}")
     num_spec = eng.speculative.num_spec_tokens if eng.speculative else 0
     uniform_width = 1 + num_spec
     if decode_mode == EAGER and other_mode == EAGER:
@@ -483,17 +701,68 @@ def resolve(inputs: Inputs) -> Resolved:
                    f"{1024 if chip.blackwell else 512}); the documents have no field for it")
     block = eng.block_size
     if not block:
-        block = 64 if dsa else 16
-        rec.assume("block_size", block, "the sparse-MLA indexer accepts only 64" if dsa
+        block = 64 if facts.dsa else 16
+        rec.assume("block_size", block, "the sparse-MLA indexer accepts only 64" if facts.dsa
                    else "vLLM v0.31.0 default")
+    util = eng.gpu_memory_utilization
+    if not util:
+        util = 0.92
+        rec.assume("gpu_memory_utilization", 0.92, "vLLM v0.31.0 default")
+    _check_budgets(max_tokens, max_seqs, block, mamba_mode, eng, pf)
+    return EngineDefaults(mode_name, decode_mode, other_mode, max_tokens, max_seqs, num_spec,
+                          uniform_width, ceiling, block, mamba_mode, util, rec.notes())
 
-    # -- context parallelism (§8) and sparse MLA (§9) -----------------------------------
+
+def _check_budgets(max_tokens: int, max_seqs: int, block: int, mamba_mode: str, eng,
+                   pf: str) -> None:
+    """The scheduler's token budget against its sequence budget and the block (R1)."""
+    # vLLM v0.31.0 SchedulerConfig.verify_max_model_len: max_num_batched_tokens must be at
+    # least max_num_seqs (every running sequence needs a token each step), whatever the
+    # chunked-prefill setting. Applied to the values the engine runs with, defaults included.
+    # (An unstated max_num_seqs never trips it: its default is capped at the budget.)
+    which = "max_num_batched_tokens" if eng.max_num_batched_tokens else "max_num_seqs"
+    if max_tokens < max_seqs:
+        raise Refusal("R1", f"max_num_batched_tokens ({max_tokens}) is below max_num_seqs "
+                      f"({max_seqs}); vLLM does not start, since every running sequence "
+                      "needs at least one token of the step's budget. Raise "
+                      "max_num_batched_tokens or lower max_num_seqs",
+                      field=f"{pf}.engine.{which}")
+    # vLLM v0.31.0 VllmConfig (hybrid models): in Mamba cache align mode the block must fit
+    # in one step's token budget ("block_size must be <= max_num_batched_tokens"); outside
+    # align mode vLLM chunks a long prompt and a budget below one block still runs.
+    if mamba_mode == "align" and block > max_tokens:
+        raise Refusal("R1", f"block_size ({block}) exceeds max_num_batched_tokens "
+                      f"({max_tokens}) in Mamba cache align mode; vLLM does not start, since "
+                      "a step must be able to fill one whole block",
+                      field=f"{pf}.engine.max_num_batched_tokens")
+
+
+def _check_max_model_len(stated: int, inputs: Inputs, pf: str) -> None:
+    """A stated max_model_len within the model's positions (R1)."""
+    # vLLM v0.31.0 ModelConfig: a user max_model_len above the length derived from the model's
+    # config is refused unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set (then vLLM only warns),
+    # which jkernel honours the same way when the inputs are opened.
+    limit = inputs.model_max_len
+    if not stated or not limit or stated <= limit or inputs.allow_long_max_model_len:
+        return
+    raise Refusal("R1", f"max_model_len {stated} is greater than the {limit} positions "
+                  f"{inputs.model.name} derives from its config.json; vLLM does not start "
+                  "(set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to let it, and jkernel, run past the "
+                  "model's positions)", field=f"{pf}.engine.max_model_len")
+
+
+def resolve_context_parallel(eng, dep: Deployment, layout: Layout, facts: GraphFacts,
+                             defaults: EngineDefaults, rules: Rules, pf: str
+                             ) -> ContextParallel:
+    """Context-parallel rules, the DCP combine, interleave and MLA chunk (§8)."""
+    rec = _Record()
+    pcp, dcp, block = layout.pcp, layout.dcp, defaults.block_size
     stated_backend = eng.dcp_comm_backend
     if pcp > 1:
-        if not all(n.kind in LATENT_KINDS for n in stack_primaries) or has_recurrent:
+        if not all(a.kind in LATENT_KINDS for a in facts.primaries) or facts.has_recurrent:
             raise Refusal("R5", "pcp > 1 needs every primary attention latent (mla or "
                           "sparse_mla) and no recurrent layer", field=f"{pf}.parallel.pcp")
-        if dcp > 1 and not all(n.kind == "sparse_mla" for n in stack_primaries):
+        if dcp > 1 and not all(a.kind == "sparse_mla" for a in facts.primaries):
             raise Refusal("R6", "pcp > 1 with dcp > 1 is served only when every primary "
                           "attention is sparse_mla", field=f"{pf}.parallel.dcp")
         if stated_backend == "a2a":
@@ -511,13 +780,14 @@ def resolve(inputs: Inputs) -> Resolved:
         if not stated_backend:
             rec.assume("dcp_comm_backend", "ag_rs", "vLLM v0.31.0 default DCP combine")
         interleave = _interleave(eng, dep, block, rec, pf)
-        if eng.dcp_q_replicate is True and pcp <= 1 and latent_model:
+        if eng.dcp_q_replicate is True and pcp <= 1 and facts.latent:
             raise Refusal("R14", "dcp_q_replicate with a latent attention implies a "
                           "replicated query projection the graph cannot identify; set it "
                           "false", field=f"{pf}.engine.dcp_q_replicate")
-        if latent_model:
+        if facts.latent:
             if eng.max_model_len:
-                chunk0 = min(max(8 * eng.max_model_len, 4 * max_seqs * block), 65536)
+                chunk0 = min(max(8 * eng.max_model_len, 4 * defaults.max_num_seqs * block),
+                             65536)
             else:
                 chunk0 = 65536
             align = math.lcm(block, dcp * interleave)
@@ -526,29 +796,78 @@ def resolve(inputs: Inputs) -> Resolved:
                 rec.assume("mla_context_chunk", mla_chunk,
                            "max_model_len unstated: built from 65536, aligned to "
                            f"lcm(block, dcp·I) = {align}")
-    if dsa:
-        _check_dsa(model, chip, eng, block, dcp, pcp, tp, dcp_backend, layout, pf)
+    return ContextParallel(dcp_backend, interleave, mla_chunk, rec.notes())
 
-    # -- lift constants (§2.12) ---------------------------------------------------------
-    coeff_value = {name: e.value for name, (e, _) in chosen.items()}
+
+def collective_keys(layout: Layout, facts: GraphFacts, dcp_backend: str, chip_key: str,
+                    chosen: dict) -> tuple[CollectiveKey, ...]:
+    """The (op, group) collective keys a pool needs, snapped to measured widths (§5.3)."""
+    tp, pcp, dcp = layout.tp, layout.pcp, layout.dcp
+    key_specs: list[tuple[str, str]] = []
+    if tp > 1:
+        key_specs += [("all_reduce", "TP"), ("all_gather", "TP"), ("reduce_scatter", "TP")]
+    if layout.moe_group > 1 and facts.has_moe:
+        # spec silent for a model without experts; a group that runs no collective needs no
+        # coefficients, so a dense model never needs the alltoall key.
+        key_specs.append(("alltoall", "Expert"))
+    if dcp > 1:
+        key_specs.append(("all_gather", "DCP"))
+        if dcp_backend == "a2a":
+            key_specs.append(("alltoall", "DCP"))
+        elif pcp > 1:
+            key_specs.append(("all_reduce", "DCP"))
+        else:
+            key_specs.append(("reduce_scatter", "DCP"))
+    if pcp > 1:
+        key_specs.append(("all_gather", "PCP"))
+    keys = []
+    for op, gname in key_specs:
+        width = _snap_collective(op, layout.group(gname).width, chip_key, chosen)
+        names = tuple(f"collective_{part}_{op}_fp16_{width}rank_{chip_key}"
+                      for part in ("floor", "peak_rate", "transition_rate"))
+        keys.append(CollectiveKey(op, gname, width, *names))
+    return tuple(keys)
+
+
+def _pd_floor_name(keys: tuple[CollectiveKey, ...], chip_key: str, chosen: dict
+                   ) -> str | None:
+    """methods.md §4: the PD transfer floor is the (alltoall, Expert) key's t0."""
+    pd_floor = next((k.floor for k in keys if k.op == "alltoall" and k.group == "Expert"),
+                    None)
+    if pd_floor is None:
+        # spec silent where no expert group exists: the chip's narrowest measured floor
+        stem = "collective_floor_alltoall_fp16_"
+        found = sorted((int(n[len(stem):].split("rank_")[0]), n) for n in chosen
+                       if n.startswith(stem) and n.endswith(f"rank_{chip_key}")
+                       and n[len(stem):].split("rank_")[0].isdigit())
+        pd_floor = found[0][1] if found else None
+    return pd_floor
+
+
+def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout,
+                         facts: GraphFacts, dtypes: Dtypes, cp: ContextParallel,
+                         has_offload: bool) -> Coefficients:
+    """Lift the coefficients a pool prices with, recording each optional one it lacks."""
+    rec = _Record()
+    values = {name: e.value for name, (e, _) in chosen.items()}
     if "hbm_derate" not in chosen:
-        raise _missing("hbm_derate", cl.hardware)
-    if chip.hbm_tbs * 1e12 * coeff_value["hbm_derate"] <= 0 or peak <= 0:
+        raise _missing("hbm_derate", hardware)
+    if chip.hbm_tbs * 1e12 * values["hbm_derate"] <= 0 or dtypes.peak_flops_per_s <= 0:
         raise Refusal("R20", f"non-positive HBM rate or compute peak (BwPeakTBs "
-                      f"{chip.hbm_tbs} × hbm_derate {coeff_value['hbm_derate']}, peak {peak})",
-                      field="hbm_derate")
-    gemm = [f"gemm_eps_max_{suffix}", f"gemm_m_half_{suffix}", f"gemm_n_half_{suffix}",
-            f"gemm_k_half_{suffix}"]
+                      f"{chip.hbm_tbs} × hbm_derate {values['hbm_derate']}, "
+                      f"peak {dtypes.peak_flops_per_s})", field="hbm_derate")
+    suffix = dtypes.suffix
+    gemm = (f"gemm_eps_max_{suffix}", f"gemm_m_half_{suffix}", f"gemm_n_half_{suffix}",
+            f"gemm_k_half_{suffix}")
     for name in gemm[:2]:
         if name not in chosen:
-            raise _missing(name, cl.hardware, f"served dtype {served} prices with suffix "
+            raise _missing(name, hardware, f"served dtype {dtypes.served} prices with suffix "
                            f"{suffix}")
     if (gemm[2] in chosen) != (gemm[3] in chosen):
         one, other = (gemm[2], gemm[3]) if gemm[2] in chosen else (gemm[3], gemm[2])
         raise Refusal("R17", f"{one} is stated without {other}: the shape-aware ramp needs "
                       "both or neither", field=one)
     shape_aware = gemm[2] in chosen
-
     used: set[str] = {"hbm_derate", *gemm[:2]}
     if shape_aware:
         used |= set(gemm[2:])
@@ -561,80 +880,67 @@ def resolve(inputs: Inputs) -> Resolved:
         "host_launch_per_kernel": "kernel launches cost no host time",
         "host_replay_graph_per_step": "graph replay costs no host time",
     }
-    if primaries or any(n.op == "Attention" for lk in model.layer_kinds for n in lk.nodes):
+    if facts.has_attention:
         optional_needed.update({
             "attention_decode_floor": "decode attention priced without a floor",
             "attention_decode_rate": "decode KV read priced at HBM bandwidth, no floor",
             "attention_prefill_floor": "prefill attention priced without a floor",
             "attention_prefill_work_scale": "prefill attention FLOPs priced on the plain "
                                             "ramp, no floor"})
-    attn_kinds = {n.kind for lk in model.layer_kinds for n in lk.nodes if n.op == "Attention"}
     for k in ("swa", "mla", "sparse_mla"):
-        if k in attn_kinds:
+        if k in facts.attention_kinds:
             optional_needed[f"attention_decode_floor_{k}"] = f"{k} uses the part-wide floor"
             optional_needed[f"attention_decode_rate_{k}"] = f"{k} uses the part-wide pair"
-    rec_kinds = sorted({n.recurrent_kind for lk in model.layer_kinds for n in lk.nodes
-                        if n.op == "RecurrentUpdate"})
-    for r in rec_kinds:
+    for r in facts.recurrent_kinds:
         optional_needed[f"recurrent_decode_floor_{r}"] = f"{r} mixers cost 0"
         optional_needed[f"recurrent_decode_rate_{r}"] = f"{r} mixers cost 0"
-    if has_moe:
+    if facts.has_moe:
         optional_needed["moe_routing_imbalance_median"] = "routed FLOPs not inflated (1)"
-    if dep.offload is not None:
+    if has_offload:
         optional_needed["host_link_bandwidth"] = "offload transfers not capped by the host link"
     for name, reason in optional_needed.items():
         used.add(name)
         if name not in chosen:
             rec.assume(name, "absent", reason)
-    # methods.md §5: tier_time caps every known tier (D25: every storage class, offload tiers
-    # or not) by host_link_bandwidth, so an applicable entry is lifted even without offload
-    # tiers; only its absence is recorded conditionally (§5.2). (Before: it was lifted only
-    # with offload tiers, and tier_time then ran uncapped.)
+    # methods.md §5: tier_time caps every known storage class by host_link_bandwidth, so an
+    # applicable entry is lifted even without offload tiers; only its absence is recorded
+    # conditionally (§5.2).
     if "host_link_bandwidth" in chosen:
         used.add("host_link_bandwidth")
-    # jkernel's own expected_s constants (expected.md): defaults until a trace fit
+    # jkernel's own expected_s constants: defaults until a step-trace fit
     own_defaults = {"kernel_gap": (0.0, "no idle gap between kernels until a step-trace fit"),
                     "host_serial": (0.0, "no serial host time until a step-trace fit")}
     for name, (value, reason) in own_defaults.items():
         used.add(name)
         if name not in chosen:
             rec.assume(name, value, reason)
-            coeff_value[name] = value
+            values[name] = value
+    chip_key = hardware.replace("-", "_")
+    keys = collective_keys(layout, facts, cp.dcp_comm_backend, chip_key, chosen)
+    for k in keys:
+        used |= {k.floor, k.peak, k.transition}
+    pd_floor = _pd_floor_name(keys, chip_key, chosen)
+    if pd_floor is not None:
+        used.add(pd_floor)
+    decode_pairs = [("", "attention_decode_floor", "attention_decode_rate")]
+    for k in ("swa", "mla", "sparse_mla"):
+        if f"attention_decode_rate_{k}" in chosen:
+            fl = (f"attention_decode_floor_{k}" if f"attention_decode_floor_{k}" in chosen
+                  else "attention_decode_floor")
+            decode_pairs.append((k, fl, f"attention_decode_rate_{k}"))
+    rec_names = tuple((r, f"recurrent_decode_floor_{r}", f"recurrent_decode_rate_{r}")
+                      for r in facts.recurrent_kinds)
+    return Coefficients(values, frozenset(used), gemm, shape_aware, keys, pd_floor,
+                        tuple(decode_pairs), rec_names, rec.notes())
 
-    # collective keys (§5.3)
-    chip_key = cl.hardware.replace("-", "_")
-    key_specs: list[tuple[str, str]] = []
-    if tp > 1:
-        key_specs += [("all_reduce", "TP"), ("all_gather", "TP"), ("reduce_scatter", "TP")]
-    if moe_group > 1 and has_moe:
-        # spec silent for a model without experts; a group that runs no collective needs no
-        # coefficients (the spirit of D33), so a dense model never needs the alltoall key.
-        key_specs.append(("alltoall", "Expert"))
-    if dcp > 1:
-        key_specs.append(("all_gather", "DCP"))
-        if dcp_backend == "a2a":
-            key_specs.append(("alltoall", "DCP"))
-        elif pcp > 1:
-            key_specs.append(("all_reduce", "DCP"))
-        else:
-            key_specs.append(("reduce_scatter", "DCP"))
-    if pcp > 1:
-        key_specs.append(("all_gather", "PCP"))
-    coll_keys = []
-    for op, gname in key_specs:
-        g = next(x for x in groups if x.name == gname)
-        width = _snap_collective(op, g.width, chip_key, chosen)
-        names = tuple(f"collective_{part}_{op}_fp16_{width}rank_{chip_key}"
-                      for part in ("floor", "peak_rate", "transition_rate"))
-        coll_keys.append(CollectiveKey(op, gname, width, *names))
-        used |= set(names)
 
-    # expert geometry (§4.7)
+def resolve_experts(eng, layout: Layout, facts: GraphFacts, pf: str) -> Experts:
+    """Physical experts, experts per rank and expert tensor shards (§4.7)."""
     eplb_on = bool(eng.eplb and eng.eplb.enable_eplb)
-    redundant = eng.eplb.num_redundant_experts if eplb_on else 0   # D24
-    experts = max((k.experts for k in kinds if k.moe), default=0)
-    e_phys = experts + redundant
-    if has_moe and ep_on:
+    redundant = eng.eplb.num_redundant_experts if eplb_on else 0
+    e_phys = facts.experts + redundant
+    ep = layout.ep
+    if facts.has_moe and layout.expert_parallel:
         base, extra = divmod(e_phys, ep)
         if base == 0:
             raise Refusal("R12", f"the EP width {ep} exceeds the {e_phys} physical experts, so "
@@ -643,141 +949,223 @@ def resolve(inputs: Inputs) -> Resolved:
         per_rank = base + (1 if extra else 0)
     else:
         per_rank = e_phys
-    shards = 1 if ep_on else tp * dp
+    shards = 1 if layout.expert_parallel else layout.tp * layout.dp
+    return Experts(e_phys, per_rank, shards, redundant)
 
-    # methods.md §4: the PD transfer floor is the (alltoall, Expert) key's t0. spec silent
-    # where no expert group exists: take the chip's narrowest measured alltoall floor.
-    pd_floor = next((k.floor for k in coll_keys if k.op == "alltoall" and k.group == "Expert"),
-                    None)
-    if pd_floor is None:
-        stem = f"collective_floor_alltoall_fp16_"
-        found = sorted((int(n[len(stem):].split("rank_")[0]), n) for n in chosen
-                       if n.startswith(stem) and n.endswith(f"rank_{chip_key}")
-                       and n[len(stem):].split("rank_")[0].isdigit())
-        pd_floor = found[0][1] if found else None
-    if pd_floor is not None:
-        used.add(pd_floor)
 
-    # memory magnitudes (memory.md §4)
-    mem = plan_memory(model, kinds, head, chosen=chosen, tp=tp, dcp=dcp, pcp=pcp,
-                      moe_group=moe_group, has_moe=has_moe,
-                      checkpoint_bytes=DTYPE_BYTES[model.weight_dtype], max_tokens=max_tokens,
-                      mode_name=mode_name, snap=_snap_memory, hardware=cl.hardware,
-                      experts_per_rank=per_rank, shards=shards, redundant=redundant,
-                      ep=max(ep, 1), mamba_mode=mamba_mode, num_spec=num_spec,
-                      missing=_missing)
-    used |= set(mem.coefficient_names)
-
-    # KV geometry (memory.md §1)
+def _kv_bytes_per_token(kinds: tuple[KindPlan, ...], facts: GraphFacts, dtypes: Dtypes,
+                        tp: int) -> float:
+    """Whole-model KV bytes per token per rank, kvB (memory.md §1)."""
+    first = facts.first_attention
+    if first is None:
+        return 0.0
     kv_layers = sum(k.count for k in kinds if k.attention is not None)
-    if first_attn is not None:
-        if packed_cell:
-            kvB = packed_cell * kv_layers
-        else:
-            tensors = 1 if first_attn.kind in LATENT_KINDS else 2
-            heads = max(1, first_attn.n_kv // tp)
-            kvB = tensors * heads * first_attn.d_h * cache_elem * kv_layers
-    else:
-        kvB = 0.0
+    if dtypes.packed_cell_bytes:
+        return dtypes.packed_cell_bytes * kv_layers
+    tensors = 1 if first.kind in LATENT_KINDS else 2
+    heads = max(1, first.n_kv // tp)
+    return tensors * heads * first.d_h * dtypes.cache_element_bytes * kv_layers
+
+
+def _draft_kinds(model: ModelGraph, kinds: tuple[KindPlan, ...], num_spec: int
+                 ) -> tuple[tuple[str, int], ...]:
+    """expected_s prices the MTP drafter (vLLM v0.31.0 runs one speculator module per draft
+    token); the edges never do. Only kinds the main stack plans can be priced."""
+    if num_spec <= 0 or model.speculator is None:
+        return ()
+    planned = {k.id for k in kinds}
+    pattern = model.speculator.stack.pattern
+    return tuple((kid, pattern.count(kid)) for kid in dict.fromkeys(pattern) if kid in planned)
+
+
+def build_plan(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, chip: Chip,
+               layout: Layout, dtypes: Dtypes, defaults: EngineDefaults, cp: ContextParallel,
+               coeffs: Coefficients, experts: Experts, facts: GraphFacts) -> Plan:
+    """The static plan the step closes over (documents.md §6.8)."""
+    kv_layers = sum(k.count for k in kinds if k.attention is not None)
     sparse_secondary = sum(k.count for k in kinds if k.attention is not None
                            and k.attention.kind == "sparse_mla" and k.secondaries)
     total_layers = model.total_layers
-    total_kernels = sum(k.count * k.launches for k in kinds) + head["launches"]
-
-    decode_pairs = [("", "attention_decode_floor", "attention_decode_rate")]
-    for k in ("swa", "mla", "sparse_mla"):
-        if f"attention_decode_rate_{k}" in chosen:
-            fl = (f"attention_decode_floor_{k}" if f"attention_decode_floor_{k}" in chosen
-                  else "attention_decode_floor")
-            decode_pairs.append((k, fl, f"attention_decode_rate_{k}"))
-    rec_names = tuple((r, f"recurrent_decode_floor_{r}", f"recurrent_decode_rate_{r}")
-                      for r in rec_kinds)
-
-    # expected_s prices the MTP drafter (vLLM v0.31.0 runs one speculator module per draft
-    # token); the edges never do (D7). Only kinds the main stack plans can be priced.
-    draft_kinds: tuple = ()
-    if num_spec > 0 and model.speculator is not None:
-        planned = {k.id for k in kinds}
-        pattern = model.speculator.stack.pattern
-        draft_kinds = tuple((kid, pattern.count(kid)) for kid in dict.fromkeys(pattern)
-                            if kid in planned)
-    plan = Plan(
+    ep, tp, dp = layout.ep, layout.tp, layout.dp
+    first = facts.first_attention
+    return Plan(
         kinds=kinds, head_flops_per_token=head["flops_per_token"],
         head_weight_bytes=head["weight_bytes"], hidden_size=model.hidden_size,
         total_layers=total_layers, kv_layers=kv_layers,
-        segments=total_layers + sparse_secondary + 1, total_kernels=total_kernels,
-        tp=tp, dp=dp, pcp=pcp, dcp=dcp, ep=ep, moe_group=moe_group, interleave=interleave,
-        groups=groups, collective_keys=tuple(coll_keys), physical_experts=e_phys,
-        experts_per_rank=per_rank,
-        local_expert_share=(per_rank / e_phys if (ep_on and e_phys) else 1.0),
-        expert_tensor_shards=shards, dp_slice=(shards / tp if ep <= 1 else 1.0),
-        funnel=dp if (moe_group > 1 and dp > 1) else 1, routed_a2a=routed_a2a,
-        suffix=suffix, shape_aware=shape_aware, blackwell=chip.blackwell,
-        decode_mode=decode_mode, other_mode=other_mode, capture_ceiling=ceiling,
-        uniform_decode_width=uniform_width, num_spec=num_spec, kv_bytes_per_token=kvB,
-        kv_kind=kv_kind, block_size=block, dcp_comm_backend=dcp_backend, mla_chunk=mla_chunk,
-        gemm_names=tuple(gemm), decode_pairs=tuple(decode_pairs), recurrent_names=rec_names,
-        draft_kinds=draft_kinds)
+        segments=total_layers + sparse_secondary + 1,
+        total_kernels=sum(k.count * k.launches for k in kinds) + head["launches"],
+        tp=tp, dp=dp, pcp=layout.pcp, dcp=layout.dcp, ep=ep, moe_group=layout.moe_group,
+        interleave=cp.interleave, groups=layout.groups,
+        collective_keys=coeffs.collective_keys, physical_experts=experts.physical,
+        experts_per_rank=experts.per_rank,
+        local_expert_share=(experts.per_rank / experts.physical
+                            if (layout.expert_parallel and experts.physical) else 1.0),
+        expert_tensor_shards=experts.shards,
+        dp_slice=(experts.shards / tp if ep <= 1 else 1.0),
+        funnel=dp if (layout.moe_group > 1 and dp > 1) else 1, routed_a2a=layout.routed_a2a,
+        suffix=dtypes.suffix, shape_aware=coeffs.shape_aware, blackwell=chip.blackwell,
+        decode_mode=defaults.decode_mode, other_mode=defaults.other_mode,
+        capture_ceiling=defaults.capture_ceiling,
+        uniform_decode_width=defaults.uniform_decode_width, num_spec=defaults.num_spec_tokens,
+        kv_bytes_per_token=_kv_bytes_per_token(kinds, facts, dtypes, tp),
+        kv_kind=first.kind if first is not None else "", block_size=defaults.block_size,
+        dcp_comm_backend=cp.dcp_comm_backend, mla_chunk=cp.mla_chunk,
+        gemm_names=coeffs.gemm_names, decode_pairs=coeffs.decode_pairs,
+        recurrent_names=coeffs.recurrent_names,
+        draft_kinds=_draft_kinds(model, kinds, defaults.num_spec_tokens))
 
-    # -- params pytree ------------------------------------------------------------------
-    values: dict[str, float] = {}
-    for name in sorted(used):
-        values[name] = coeff_value.get(name, 0.0) * si_scale(name)
-    values.update({"peak_flops_per_s": peak, "hbm_bytes_per_s": chip.hbm_tbs * 1e12,
-                   "nvlink_bytes_per_s": nvlink, "nic_bytes_per_s": nic,
-                   "sm_count": float(chip.sm_count)})
-    assert set(CHIP_NAMES) <= set(values)
+
+def build_params(coeffs: Coefficients, chip: Chip, layout: Layout, dtypes: Dtypes) -> Params:
+    """The params pytree: lifted coefficients in SI units and the chip's rates."""
     import jax.numpy as jnp
 
-    params = Params({k: jnp.asarray(v, dtype=jnp.float64) for k, v in values.items()})
+    values: dict[str, float] = {}
+    for name in sorted(coeffs.used):
+        values[name] = coeffs.values.get(name, 0.0) * si_scale(name)
+    values.update({"peak_flops_per_s": dtypes.peak_flops_per_s,
+                   "hbm_bytes_per_s": chip.hbm_tbs * 1e12,
+                   "nvlink_bytes_per_s": layout.nvlink_bytes_per_s,
+                   "nic_bytes_per_s": layout.nic_bytes_per_s,
+                   "sm_count": float(chip.sm_count)})
+    assert set(CHIP_NAMES) <= set(values)
+    return Params({k: jnp.asarray(v, dtype=jnp.float64) for k, v in values.items()})
 
-    # -- version and provenance (§7, §12) ---------------------------------------------------
-    if sc.engine_version != ENGINE_BEHAVIOUR_VERSION:
-        rec.assume("engine_version", ENGINE_BEHAVIOUR_VERSION,
-                   f"declared {sc.engine_version}; priced as vLLM v{ENGINE_BEHAVIOUR_VERSION} "
-                   "behaviour (D11)")
-    util = eng.gpu_memory_utilization
-    if not util:
-        util = 0.92
-        rec.assume("gpu_memory_utilization", 0.92, "vLLM v0.31.0 default (D15)")
-    provenance = tuple(
+
+def provenance_of(chosen: dict, assumptions: dict[str, str]) -> tuple[CoefficientOrigin, ...]:
+    """Where every lifted value came from (§12): registry entries, then assumptions."""
+    return tuple(
         CoefficientOrigin(name, set_name, e.method, e.scope.render())
         for name, (e, set_name) in sorted(chosen.items())
     ) + tuple(CoefficientOrigin(name, KERNEL_ASSUMPTION_SET, "assumed", scope)
-              for name, scope in sorted(rec.assumptions.items()))
+              for name, scope in sorted(assumptions.items()))
+
+
+def settings_of(layout: Layout, dtypes: Dtypes, defaults: EngineDefaults, cp: ContextParallel,
+                coeffs: Coefficients, facts: GraphFacts, pool_gpus: int) -> dict:
+    """The engine settings the kernel runs with, for ``Kernel.settings``."""
+    engine_gpus = layout.pp * layout.tp * layout.pcp * layout.dp
+    return {"block_size": defaults.block_size,
+            "max_num_batched_tokens": defaults.max_num_batched_tokens,
+            "max_num_seqs": defaults.max_num_seqs, "cudagraph_mode": defaults.cudagraph_mode,
+            "gpu_memory_utilization": defaults.gpu_memory_utilization,
+            "served_dtype": dtypes.served, "cache_layout": dtypes.cache_layout,
+            "mamba_cache_mode": defaults.mamba_cache_mode,
+            "num_spec_tokens": defaults.num_spec_tokens,
+            "nodes_spanned": layout.nodes_spanned, "moe_group": layout.moe_group,
+            "dcp_comm_backend": cp.dcp_comm_backend, "dcp_interleave": cp.interleave,
+            "state_bytes": dtypes.state_bytes, "pd_floor_name": coeffs.pd_floor_name,
+            # vLLM classifies a request as a decode up to the uniform decode width
+            # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
+            # passes per batch (step.md §1.1).
+            "decode_threshold": defaults.uniform_decode_width,
+            "engine_gpus": engine_gpus, "engines": pool_gpus // engine_gpus,
+            "dcp_shards_all_kv_layers": facts.dcp_shards_all_kv_layers}
+
+
+# ---------------------------------------------------------------------------------------
+# The composer
+# ---------------------------------------------------------------------------------------
+
+#: Refusals about a setting of the bundle (cluster, pools, engine); R19 is the graph's.
+_BUNDLE_CODES = frozenset({"R1", "R3", "R4", "R5", "R6", "R7", "R8", "R9", "R10", "R11",
+                           "R12", "R13", "R14", "R15", "R16"})
+
+
+def resolve(inputs: Inputs) -> Resolved:
+    """Validate and resolve one pool (resolution.md §2). Raises :class:`Refusal`, naming the
+    file the offending setting was read from when the inputs came from files."""
+    try:
+        return _resolve(inputs)
+    except Refusal as e:
+        if e.file is not None:
+            raise
+        graph_field = e.code == "R19" or (e.code == "R5" and e.field == "n_kv")
+        file = inputs.model_file if graph_field else (
+            inputs.bundle_file if e.code in _BUNDLE_CODES else None)
+        if file is None:
+            raise
+        raise Refusal(e.code, e.reason, field=e.field, file=file) from None
+
+
+def _resolve(inputs: Inputs) -> Resolved:
+    sc, dep, model, chip = inputs.scenario, inputs.deployment, inputs.model, inputs.chip
+    missing = [n for n, v in (("scenario", sc), ("deployment", dep), ("model", model),
+                              ("chip", chip)) if v is None]
+    if missing:
+        raise Refusal("R3", f"required document(s) absent: {', '.join(missing)}")
+    if not 0 <= inputs.pool_index < len(dep.pools):
+        raise Refusal("R3", f"no pool at index {inputs.pool_index}", field="pools")
+    inputs = copy.deepcopy(inputs)   # a built kernel never changes with its inputs
+    sc, dep, model, chip = inputs.scenario, inputs.deployment, inputs.model, inputs.chip
+    cl = sc.cluster
+    pool = dep.pools[inputs.pool_index]
+    eng = pool.engine
+    pf = f"pools[{inputs.pool_index}]"
+
+    _check_consistency(sc, dep, chip, inputs.devices)
+    layout = resolve_layout(sc, pool, chip, inputs.fabric, inputs.rules)
+    served = _served_dtype(eng.quantization, model.weight_dtype, f"{pf}.engine.quantization")
+    kinds, head = plan_layers(model, tp=layout.tp, moe_group=layout.moe_group,
+                              sp_moe=layout.sp_moe, served_bytes=DTYPE_BYTES.get(served, 2.0),
+                              state_bytes=_state_bytes(eng.mamba_cache_dtype, pf),
+                              routed_a2a=layout.routed_a2a)
+    facts = graph_facts(kinds)
+    _check_heads(model.name, facts, dep)
+    chosen = select(inputs.coefficient_sets, hardware=cl.hardware, model=sc.model,
+                    tp=layout.tp, ep=layout.ep, nodes_spanned=layout.nodes_spanned)
+    if not chosen:
+        raise Refusal("R17", f"no coefficient of the sets {list(sc.coefficients)} applies to "
+                      f"hardware {cl.hardware}, model {sc.model}, tp {layout.tp}, "
+                      f"ep {layout.ep}, nodes_spanned {layout.nodes_spanned}",
+                      field="coefficients")
+    dtypes = resolve_dtypes(eng, model.weight_dtype, chip, facts, layout.dcp, pf)
+    if layout.pp > 1:
+        raise Refusal("R13", f"pp {layout.pp}: pipeline parallelism wider than 1 is not "
+                      "priced; use pp 1 (widen tp or dp instead)", field=f"{pf}.parallel.pp")
+    defaults = resolve_engine_defaults(eng, chip, facts, pf)
+    _check_max_model_len(eng.max_model_len, inputs, pf)
+    cp = resolve_context_parallel(eng, dep, layout, facts, defaults, inputs.rules, pf)
+    if facts.dsa:
+        _check_dsa(facts, chip, eng, defaults.block_size, layout, cp.dcp_comm_backend,
+                   dtypes.cache_layout, pf)
+    coeffs = resolve_coefficients(chosen, chip, cl.hardware, layout, facts, dtypes, cp,
+                                  dep.offload is not None)
+    experts = resolve_experts(eng, layout, facts, pf)
+    mem = plan_memory(model, kinds, head, chosen=chosen, tp=layout.tp, dcp=layout.dcp,
+                      pcp=layout.pcp, moe_group=layout.moe_group, has_moe=facts.has_moe,
+                      checkpoint_bytes=DTYPE_BYTES[model.weight_dtype],
+                      max_tokens=defaults.max_num_batched_tokens,
+                      mode_name=defaults.cudagraph_mode, snap=_snap_memory,
+                      hardware=cl.hardware, experts_per_rank=experts.per_rank,
+                      shards=experts.shards, redundant=experts.redundant, ep=max(layout.ep, 1),
+                      mamba_mode=defaults.mamba_cache_mode, num_spec=defaults.num_spec_tokens,
+                      missing=_missing)
+    coeffs = dataclasses.replace(coeffs, used=coeffs.used | set(mem.coefficient_names))
+    plan = build_plan(model, kinds, head, chip, layout, dtypes, defaults, cp, coeffs, experts,
+                      facts)
+    params = build_params(coeffs, chip, layout, dtypes)
+    version = _Record()
+    if sc.engine_version != ENGINE_BEHAVIOUR_VERSION:
+        version.assume("engine_version", ENGINE_BEHAVIOUR_VERSION,
+                       f"declared {sc.engine_version}; priced as vLLM "
+                       f"v{ENGINE_BEHAVIOUR_VERSION} behaviour")
+    notes = (layout.notes, dtypes.notes, defaults.notes, cp.notes, coeffs.notes,
+             version.notes())
+    assumptions = {name: text for n in notes for name, text in n.assumptions}
     resolution = Resolution(
-        tensor_parallel_width=tp, data_parallel_width=dp, expert_parallel_width=ep,
-        all_reduce_backend=ar_backend,
+        tensor_parallel_width=layout.tp, data_parallel_width=layout.dp,
+        expert_parallel_width=layout.ep, all_reduce_backend=layout.all_reduce_backend,
         async_scheduling=eng.async_scheduling if eng.async_scheduling is not None else True,
-        cascade_attention=eng.disable_cascade_attn is False, sequence_parallel_moe=sp_moe,
-        overrides=tuple(rec.overrides), decode_context_parallel_width=dcp,
-        prefill_context_parallel_width=pcp)
-    settings = {"block_size": block, "max_num_batched_tokens": max_tokens,
-                "max_num_seqs": max_seqs, "cudagraph_mode": mode_name,
-                "gpu_memory_utilization": util, "served_dtype": served,
-                "cache_layout": layout, "mamba_cache_mode": mamba_mode,
-                "num_spec_tokens": num_spec, "nodes_spanned": nodes_spanned,
-                "moe_group": moe_group, "dcp_comm_backend": dcp_backend,
-                "dcp_interleave": interleave, "state_bytes": state_bytes,
-                "pd_floor_name": pd_floor,
-                # vLLM classifies a request as a decode up to the uniform decode width
-                # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
-                # passes per batch (step.md §1.1, D27).
-                "decode_threshold": uniform_width,
-                "engine_gpus": pp * tp * pcp * dp,
-                "engines": (pool.nodes * cl.gpus_per_node) // (pp * tp * pcp * dp),
-                "dcp_shards_all_kv_layers": bool(stack_primaries) and all(
-                    n.kind in ("gqa", "mla", "sparse_mla") for n in stack_primaries)}
-    links = {"nvlink_bytes_per_s": nvlink, "nic_bytes_per_s": nic, "rack_domain": rack_domain}
-    return Resolved(plan, params, mem, resolution, provenance, settings, inputs, links)
-
-
-def _first_appearance(model: ModelGraph) -> list[str]:
-    seen: list[str] = []
-    for kid in model.stack.expanded():
-        if kid not in seen:
-            seen.append(kid)
-    return seen
+        cascade_attention=eng.disable_cascade_attn is False,
+        sequence_parallel_moe=layout.sp_moe,
+        overrides=tuple(o for n in notes for o in n.overrides),
+        decode_context_parallel_width=layout.dcp, prefill_context_parallel_width=layout.pcp)
+    settings = settings_of(layout, dtypes, defaults, cp, coeffs, facts,
+                           pool.nodes * cl.gpus_per_node)
+    links = {"nvlink_bytes_per_s": layout.nvlink_bytes_per_s,
+             "nic_bytes_per_s": layout.nic_bytes_per_s, "rack_domain": layout.rack_domain}
+    return Resolved(plan, params, mem, resolution, provenance_of(chosen, assumptions),
+                    settings, inputs, links)
 
 
 def _missing(name: str, hardware: str, why: str = "") -> Refusal:
@@ -814,7 +1202,7 @@ def _snap_collective(op: str, width: int, chip_key: str, chosen: dict) -> int:
 
 
 def _interleave(eng, dep: Deployment, block: int, rec: _Record, pf: str) -> int:
-    """DCP interleave (resolution.md §8.3, D16)."""
+    """DCP interleave (resolution.md §8.3)."""
     stated = eng.cp_kv_cache_interleave_size
     connectors = {dep.pd_transfer_connector or ""}
     if dep.offload is not None:
@@ -893,9 +1281,10 @@ def _cache_layout(cache: str, served_bytes: float, dsa: bool, latent: bool, spar
                   "nvfp4_ds_mla", field=f)
 
 
-def _check_dsa(model: ModelGraph, chip: Chip, eng, block: int, dcp: int, pcp: int, tp: int,
-               backend: str, layout: str, pf: str) -> None:
-    """Sparse-MLA (DSA) rules (resolution.md §9, D12)."""
+def _check_dsa(facts: GraphFacts, chip: Chip, eng, block: int, par: Layout, backend: str,
+               layout: str, pf: str) -> None:
+    """Sparse-MLA (DSA) rules (resolution.md §9)."""
+    dcp, pcp, tp = par.dcp, par.pcp, par.tp
     if chip.pre_hopper:
         raise Refusal("R10", f"sparse MLA (DSA) needs Hopper or newer, not {chip.name}",
                       field="cluster.hardware")
@@ -907,8 +1296,7 @@ def _check_dsa(model: ModelGraph, chip: Chip, eng, block: int, dcp: int, pcp: in
             raise Refusal("R10", "the a2a DCP combine is not served for sparse MLA; use ag_rs",
                           field=f"{pf}.engine.dcp_comm_backend")
         if pcp <= 1:
-            n_q = next(n.n_q for lk in model.layer_kinds for n in lk.nodes
-                       if n.op == "Attention" and not n.role and n.kind == "sparse_mla")
+            n_q = next(a.n_q for a in facts.primaries if a.kind == "sparse_mla")
             h_loc = n_q / tp
             pad = lambda h: 64 if h <= 64 else 128  # noqa: E731
             if h_loc >= 32 or pad(h_loc) != pad(h_loc * dcp):

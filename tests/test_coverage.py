@@ -869,7 +869,7 @@ REFUSALS = [
     ("R10 DSA dcp 32 local heads", "R10", f"{P}.dcp", DS32_DCP, dict(parallel={"tp": 4}), {}),
     ("R10 DSA dcp head padding", "R10", f"{P}.dcp", DS32_DCP, dict(parallel={"dcp": 8}),
      dict(parallel={"dcp": 4})),
-    ("R10 DSA block", "R10", f"{E}.block_size", DS32, dict(engine={"block_size": 96}),
+    ("R10 DSA block", "R10", f"{E}.block_size", DS32, dict(engine={"block_size": 32}),
      dict(engine={"block_size": 128})),
     ("R10 DSA pre-Hopper", "R10", "cluster.hardware", DS32,
      dict(cluster={"hardware": "l40s"}), {}),

@@ -693,7 +693,7 @@ def test_selection_later_set_wins_and_scope_rendering():
     (dict(**TINY, tp=1), "cudagraph_mode", "FULL_AND_PIECEWISE"),
     (dict(**TINY, tp=1), "gpu_memory_utilization", "0.92"),
     (dict(**TINY, tp=1, version="0.29.0"), "engine_version", "0.31.0"),
-    (dict(**TINY, tp=1, version="1.0.0"), "engine_version", "0.31.0"),
+    (dict(**TINY, tp=1, version="0.8.0"), "engine_version", "0.31.0"),
     (dict(**DS, dcp=2), "dcp_comm_backend", "ag_rs"),
     (dict(**DS, dcp=2), "mla_context_chunk", "65536"),
     (dict(model="nemotron-3.5-lightning-30b-a3b-nvfp4", tp=1), "mamba_cache_mode", "align"),
@@ -703,8 +703,9 @@ def test_selection_later_set_wins_and_scope_rendering():
 ])
 def test_assumption_records_value_first(kw, name, value):
     """resolution.md §7: an unstated setting prices vLLM v0.31.0's default and records an
-    assumption (set jkernel, method assumed) whose scope starts with the value used; an
-    undeclared engine version is never refused (D11)."""
+    assumption (set jkernel, method assumed) whose scope starts with the value used; a
+    declared engine version within the covered range (0.8.0 through 0.31.x) is priced as
+    v0.31.0 behaviour and recorded (versions outside it are refused: see below)."""
     k = build(**kw)
     assert scope_value(k, name) == value
     origin = next(p for p in k.provenance() if p.name == name)
@@ -937,3 +938,200 @@ def test_deployment_returns_the_pool_as_stated():
     e = build(**TINY, tp=1).deployment().engine
     assert (e.block_size, e.cudagraph_mode, e.async_scheduling, e.gpu_memory_utilization) == \
         (0, "", None, 0.0)
+
+
+# -- settings vLLM refuses (each was priced before; each refusal says why vLLM stops) --------
+
+def _with_kv_heads(inputs: Inputs, n_kv: int) -> Inputs:
+    """The inputs with every primary attention's KV heads set to ``n_kv`` (a derived model)."""
+    kinds = tuple(dataclasses.replace(lk, nodes=tuple(
+        dataclasses.replace(n, n_kv=n_kv) if n.op == "Attention" and not n.role else n
+        for n in lk.nodes)) for lk in inputs.model.layer_kinds)
+    return dataclasses.replace(inputs, model=dataclasses.replace(inputs.model,
+                                                                 layer_kinds=kinds))
+
+
+def test_token_budget_below_max_num_seqs_is_refused():
+    """vLLM's SchedulerConfig stops when max_num_batched_tokens < max_num_seqs (it priced)."""
+    exc = refused("R1", field="pools[0].engine.max_num_batched_tokens", **TINY,
+                  tp=1, engine={"max_num_batched_tokens": 128, "max_num_seqs": 256})
+    assert "max_num_seqs (256)" in exc.reason and "vLLM does not start" in exc.reason
+    build(**TINY, tp=1, engine={"max_num_batched_tokens": 256, "max_num_seqs": 256})
+
+
+def test_unstated_max_num_seqs_is_capped_at_a_small_token_budget():
+    """vLLM caps its default max_num_seqs at max_num_batched_tokens, so it starts."""
+    k = build(**TINY, tp=1, engine={"max_num_batched_tokens": 64})
+    assert k.settings["max_num_seqs"] == 64
+    assert "capped at max_num_batched_tokens 64" in k.assumption("max_num_seqs")
+
+
+def test_stated_max_num_seqs_above_the_default_token_budget_is_refused():
+    """The rule holds for the values vLLM runs with: 2048 default tokens (A100) < 4096."""
+    exc = refused("R1", field="pools[0].engine.max_num_seqs", **TINY, tp=1, hw="a100-sxm",
+                  sets=("spec-vectors", "spec-chips"), engine={"max_num_seqs": 4096})
+    assert "max_num_batched_tokens (2048)" in exc.reason
+
+
+def test_block_larger_than_token_budget_in_mamba_align_mode_is_refused():
+    """vLLM stops in Mamba cache align mode when one block exceeds a step's token budget."""
+    hybrid = dict(model="nemotron-3.5-lightning-30b-a3b-nvfp4", tp=1)
+    engine = {"mamba_cache_mode": "align", "block_size": 256, "max_num_seqs": 64}
+    exc = refused("R1", field="pools[0].engine.max_num_batched_tokens", **hybrid,
+                  engine=engine | {"max_num_batched_tokens": 128})
+    assert "align mode" in exc.reason
+    build(**hybrid, engine=engine | {"max_num_batched_tokens": 256})
+
+
+def test_token_budget_below_one_block_outside_align_mode_still_builds():
+    """Outside align mode vLLM chunks prompts, so a budget below one block runs."""
+    k = build(**TINY, tp=1, engine={"block_size": 256, "max_num_batched_tokens": 128,
+                                    "max_num_seqs": 128})
+    assert k.settings["block_size"] == 256
+
+
+@pytest.mark.parametrize("block", [7, 12, 512])
+def test_block_size_vllm_does_not_accept_is_refused(block):
+    exc = refused("R1", field="deployment.pools[0].engine.block_size", **TINY, tp=1,
+                  engine={"block_size": block})
+    assert "1, 8, 16, 32, 64, 128, 256" in exc.reason
+
+
+@pytest.mark.parametrize("util", [0, 0.0, -0.1, 1.5])
+def test_gpu_memory_utilization_outside_zero_one_is_refused(util):
+    """A stated 0 was read as "unstated" and defaulted to 0.92; vLLM refuses it."""
+    exc = refused("R1", field="deployment.pools[0].engine.gpu_memory_utilization", **TINY,
+                  tp=1, engine={"gpu_memory_utilization": util})
+    assert "(0, 1]" in exc.reason
+
+
+def test_kv_heads_that_do_not_group_the_query_heads_are_refused():
+    """A derived model with 5 KV heads for 16 query heads priced; vLLM's attention stops."""
+    inputs = _with_kv_heads(inputs_for(**TINY, tp=1), 5)
+    with pytest.raises(Refusal) as info:
+        jkernel.new(inputs)
+    assert info.value.code == "R5" and "5 KV heads" in info.value.reason
+    jkernel.new(_with_kv_heads(inputs_for(**TINY, tp=1), 4))
+
+
+def test_tp_that_neither_shards_nor_replicates_kv_heads_is_refused():
+    """tp 6 over 8 KV heads (48 query heads) priced; vLLM can neither shard (8 % 6) nor
+    replicate (6 % 8) them."""
+    wide = dict(model="tiny-llm-48h", tp=6, gpn=6)
+    with pytest.raises(Refusal) as info:
+        jkernel.new(_with_kv_heads(inputs_for(**wide), 8))
+    assert info.value.code == "R5" and info.value.field == "pools[0].parallel.tp"
+    assert "8 KV heads" in info.value.reason
+    for n_kv in (12, 3):                        # 12 shard over 6; 3 replicate over 6
+        try:
+            jkernel.new(_with_kv_heads(inputs_for(**wide), n_kv))
+        except Refusal as exc:                  # the fixture measures no 6-rank collective
+            assert exc.code != "R5", str(exc)
+
+
+@pytest.mark.parametrize("version", ["0.7.3", "1.0.0", "0.32.0", "latest", "0"])
+def test_engine_version_outside_the_rules_is_refused(version):
+    exc = refused("R1", field="scenario.engine_version", **TINY, tp=1, version=version)
+    assert "0.8.0 through 0.31.x" in exc.reason
+
+
+@pytest.mark.parametrize("version", ["0.8.0", "0.10.1.1", "0.23.0", "0.29.0", "0.31.2"])
+def test_engine_versions_the_rules_cover_build(version):
+    k = build(**TINY, tp=1, version=version)
+    if version != "0.31.0":
+        assert version in k.assumption("engine_version")
+
+
+def _write_bundle(tmp_path, sc, dep) -> Path:
+    path = tmp_path / "bundle.yaml"
+    path.write_text(yaml.safe_dump_all([sc, dep], sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("change, code", [
+    (dict(nodes=2, gpn=8), "R4"),                    # no fabric for two nodes
+    (dict(tp=3, gpn=3), "R5"),                       # 3 does not divide the heads
+    (dict(engine={"cudagraph_mode": "SOMETIMES"}), "R16"),
+])
+def test_bundle_refusals_name_the_file(tmp_path, change, code):
+    """R4, R5 and R16 named the field but not the file the setting was read from."""
+    path = _write_bundle(tmp_path, *bundle(**(TINY | dict(tp=1) | change)))
+    with pytest.raises(Refusal) as info:
+        jkernel.new(jkernel.open_inputs(path, SPEC_REPOS))
+    assert info.value.code == code
+    assert info.value.file == str(path) and str(path) in str(info.value)
+
+
+def test_refusal_messages_cite_no_spec_decision(tmp_path):
+    """R4's engine-size refusal cited "(D17)", which a user cannot look up."""
+    exc = refused("R4", **TINY, tp=3, nodes=1, gpn=8)
+    assert "D17" not in str(exc) and ".md" not in str(exc)
+    assert "whole engines" in exc.reason
+
+
+def test_max_model_len_beyond_the_model_positions_is_refused(tmp_path, monkeypatch):
+    """qwen3-32b derives 40,960 positions from its config.json; 1,000,000 priced before."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    name = "qwen3-32b-l40s-tp4"
+    sc, dep = yaml.safe_load_all((SHIPPED / "scenarios" / f"{name}.yaml").read_text())
+    dep["pools"][0]["engine"]["max_model_len"] = 1_000_000
+    path = _write_bundle(tmp_path, sc, dep)
+    with pytest.raises(Refusal) as info:
+        jkernel.new(jkernel.open_inputs(path))
+    exc = info.value
+    assert exc.code == "R1" and exc.field == "pools[0].engine.max_model_len"
+    assert "40960" in exc.reason and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in exc.reason
+    assert exc.file == str(path)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    jkernel.new(jkernel.open_inputs(path))         # vLLM then warns and starts
+
+
+def test_derived_max_model_len_follows_rope_scaling():
+    """yarn scales original_max_position_embeddings; llama3 RoPE is not scaled."""
+    from jkernel.resolve import open_inputs
+    assert open_inputs("deepseek-v3-h200-fp8-tp8").model_max_len == 4096 * 40
+    assert open_inputs("llama-3.1-70b-h100-tp4").model_max_len == 131072
+    assert open_inputs("gpt-oss-120b-b200-tp8").model_max_len == 4096 * 32
+
+
+def test_unknown_scenario_name_points_at_the_catalog():
+    with pytest.raises(Refusal) as info:
+        jkernel.open_inputs("no-such-scenario")
+    assert info.value.code == "R2" and "jkernel catalog" in info.value.reason
+
+
+# -- the staged resolution -------------------------------------------------------------------
+
+def test_stage_records_are_frozen_and_hashable():
+    """Every stage returns a frozen record (static structure), so a stage cannot be edited
+    after the fact and its output can key a cache."""
+    from jkernel import resolve as R
+    from jkernel.plan import plan_layers
+
+    inputs = inputs_for(**DS, tp=8)
+    pool = inputs.deployment.pools[0]
+    layout = R.resolve_layout(inputs.scenario, pool, inputs.chip, inputs.fabric)
+    kinds, _ = plan_layers(inputs.model, tp=8, moe_group=layout.moe_group, sp_moe=False,
+                           served_bytes=1.0, state_bytes=4.0, routed_a2a=False)
+    facts = R.graph_facts(kinds)
+    defaults = R.resolve_engine_defaults(pool.engine, inputs.chip, facts, "pools[0]")
+    for record in (layout, facts, defaults):
+        hash(record)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.__setattr__(dataclasses.fields(record)[0].name, None)
+    assert facts.latent and facts.has_moe and not facts.has_recurrent
+    assert layout.tp == 8 and layout.group("TP").width == 8
+
+
+def test_graph_facts_come_from_the_kind_plans_not_the_raw_graph():
+    """A layer kind the stack never runs (here: an added gqa kind) does not change what the
+    resolution knows of the model; before, primaries were read from every declared kind."""
+    inputs = inputs_for(**TINY, tp=1)
+    model = inputs.model
+    extra = dataclasses.replace(model.layer_kinds[0], id="unused_swa", nodes=tuple(
+        dataclasses.replace(n, kind="swa", window=128) if n.op == "Attention" else n
+        for n in model.layer_kinds[0].nodes))
+    unused = dataclasses.replace(model, layer_kinds=model.layer_kinds + (extra,))
+    a = jkernel.new(inputs)
+    b = jkernel.new(dataclasses.replace(inputs, model=unused))
+    assert a.plan == b.plan and a.provenance() == b.provenance()

@@ -20,6 +20,28 @@ __all__ = ["Cluster", "Scenario", "Parallel", "Speculative", "Eplb", "Dbo", "Eng
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 
+#: KV block sizes vLLM accepts (vLLM v0.31.0 CacheConfig ``BlockSize`` and the choices of
+#: ``--block-size``); any other size stops the engine at argument parsing.
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+#: The vLLM releases whose engine behaviour the rules cover (major, minor), inclusive. The
+#: rules follow vLLM v0.31.0; memory is validated against logs of vLLM 0.8 through 0.23.
+ENGINE_VERSIONS = ((0, 8), (0, 31))
+
+
+def _check_engine_version(r: Reader, version: str) -> None:
+    parts = version.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+        ok = len(parts) >= 2 and ENGINE_VERSIONS[0] <= (major, minor) <= ENGINE_VERSIONS[1]
+    except (ValueError, IndexError):
+        ok = False
+    if not ok:
+        lo, hi = ENGINE_VERSIONS
+        raise r.error("engine_version", f"vLLM {version!r} is outside the engine versions "
+                      f"jkernel's rules cover: {lo[0]}.{lo[1]}.0 through {hi[0]}.{hi[1]}.x "
+                      f"(the rules follow vLLM v{hi[0]}.{hi[1]}.0)")
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -149,6 +171,7 @@ def _parse_scenario(data: Any, file: str | None) -> Scenario:
     model = r.str("model", required=True)
     coeffs = r.str_list("coefficients", required=True, min_len=1)
     version = r.str("engine_version", required=True)
+    _check_engine_version(r, version)
     workload = None
     w = r.sub("workload")
     if w is not None:
@@ -188,8 +211,15 @@ def _parse_engine(r: Reader | None) -> Engine:
     for key in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                 "cp_kv_cache_interleave_size"):
         kw[key] = r.int(key, 0, minimum=0)
-    kw["gpu_memory_utilization"] = r.num("gpu_memory_utilization", 0.0, minimum=0.0,
-                                         maximum=1.0)
+    # vLLM v0.31.0 CacheConfig: gpu_memory_utilization is a fraction in (0, 1] (pydantic
+    # gt=0, le=1); a stated 0 stops the engine, so only an absent key means "the default".
+    util = kw["gpu_memory_utilization"] = r.num("gpu_memory_utilization", 0.0)
+    if r.has("gpu_memory_utilization") and not 0.0 < util <= 1.0:
+        raise r.error("gpu_memory_utilization", f"{util} is out of range: vLLM takes the "
+                      "fraction of the GPU's memory the engine may use, a number in (0, 1]")
+    if kw["block_size"] and kw["block_size"] not in BLOCK_SIZES:
+        raise r.error("block_size", f"vLLM does not start with block_size {kw['block_size']}; "
+                      f"it accepts {', '.join(map(str, BLOCK_SIZES))}")
     for key in ("disable_custom_all_reduce", "async_scheduling", "disable_cascade_attn",
                 "enable_prefix_caching", "dcp_q_replicate"):
         kw[key] = r.bool(key, None)
@@ -288,5 +318,7 @@ def parse_bundle(source: Any, file: str | None = None) -> tuple[Scenario, Deploy
 def load_bundle(path: Path | str) -> tuple[Scenario, Deployment]:
     p = Path(path)
     if not p.is_file():
-        raise Refusal("R2", f"scenario bundle not found at {p}", file=str(p))
+        hint = ("; `jkernel catalog` lists the scenarios of the catalog"
+                if len(p.parts) == 1 and p.suffix not in (".yaml", ".yml") else "")
+        raise Refusal("R2", f"scenario bundle not found at {p}{hint}", file=str(p))
     return parse_bundle(p.read_text(), str(p))

@@ -665,7 +665,8 @@ def resolve(inputs: Inputs) -> Resolved:
                       mode_name=mode_name, snap=_snap_memory, hardware=cl.hardware,
                       experts_per_rank=per_rank, shards=shards, redundant=redundant,
                       ep=max(ep, 1), mamba_mode=mamba_mode, num_spec=num_spec,
-                      missing=_missing)
+                      missing=_missing, engine_version=sc.engine_version,
+                      max_num_seqs=max_seqs, ep_on=bool(ep_on))
     used |= set(mem.coefficient_names)
 
     # KV geometry (memory.md §1)

@@ -1,0 +1,157 @@
+"""KV capacity against vLLM's own start-up reports (tests/data/kv_capacity.csv).
+
+Each row is one real vLLM server start: its model, chip, parallelism, engine settings and
+version, and the figures its log printed (``GPU KV cache size``, ``Available KV cache
+memory``, ``Model loading took``). The kernel is opened on the catalog with the row's
+engine_version, so the version-selected memory rules of jkernel/memory.py apply. Where a log
+quotes no token count, the reported KV memory is turned into tokens at the row's own page
+(floor(bytes / page) · block), which compares the budget alone.
+
+Bounds (issue 12): median |predicted/reported − 1| of KV tokens ≤ 2 %; every row within 5 %
+unless its notes column explains the miss (then it is only reported); the weights term
+within 1 % of ``Model loading took`` unless the notes explain it. Nothing is fitted per row:
+the rules are general and each names the vLLM version it follows.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+import jkernel
+from jkernel import memory as M
+
+TABLE = Path(__file__).resolve().parent / "data" / "kv_capacity.csv"
+CATALOG = Path(__file__).resolve().parents[1] / "catalog"
+SETS = ["cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
+        "cost-model-attention", "cost-model-recurrent", "cost-model-memory"]
+GIB = 2 ** 30
+COLUMNS = ("id", "model", "hf_model", "gpu", "tp", "dp", "ep", "dtype", "quantization",
+           "kv_cache_dtype", "gpu_memory_utilization", "max_model_len",
+           "max_num_batched_tokens", "max_num_seqs", "block_size", "cudagraph_mode",
+           "vllm_version", "reported_kv_tokens", "reported_gpu_blocks",
+           "reported_available_kv_gib", "reported_model_loading_gib",
+           "reported_max_concurrency", "url", "notes")
+# Words in a row's notes that mark an explained miss (a layout or override jkernel does not
+# model); such a row is reported but not bound to 5 %.
+EXPLAINED = ("not modelled", "jkernel does not model")
+
+
+def _rows() -> list[dict]:
+    with TABLE.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def bundle(row: dict):
+    """The row as a (Scenario, Deployment) pair on the shipped catalog."""
+    eng = {"block_size": int(row["block_size"]),
+           "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
+           "max_num_seqs": int(row["max_num_seqs"]), "max_model_len": int(row["max_model_len"]),
+           "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
+           "cudagraph_mode": row["cudagraph_mode"]}
+    if row["quantization"]:
+        eng["quantization"] = row["quantization"]
+    if row["kv_cache_dtype"] not in ("", "auto"):
+        eng["cache_dtype"] = row["kv_cache_dtype"]
+    tp, dp = int(row["tp"]), int(row["dp"])
+    par = {"tp": tp, "pp": 1, "dp": dp}
+    if int(row["ep"]):
+        par["enable_expert_parallel"] = True
+    sc = {"kind": "Scenario", "name": row["id"], "model": row["model"], "coefficients": SETS,
+          "engine_version": row["vllm_version"],
+          "cluster": {"hardware": row["gpu"], "nodes": 1, "gpus_per_node": tp * dp}}
+    dep = {"kind": "Deployment", "name": row["id"],
+           "pools": [{"role": "colocated", "nodes": 1, "parallel": par, "engine": eng}]}
+    return sc, dep
+
+
+def compare(row: dict) -> dict:
+    k = jkernel.open(bundle(row), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
+    block, page = k.plan.block_size, k.page_bytes()
+    predicted = k.kv_cache_pages() * block
+    if row["reported_kv_tokens"]:
+        reported = int(row["reported_kv_tokens"])
+    else:
+        reported = math.floor(float(row["reported_available_kv_gib"]) * GIB / page) * block
+    out = {"id": row["id"], "predicted": predicted, "reported": reported,
+           "error": predicted / reported - 1, "weights_error": None,
+           "explained": any(w in row["notes"] for w in EXPLAINED)}
+    if row["reported_model_loading_gib"]:
+        out["weights_error"] = (k.fixed_bytes().weights / GIB
+                                / float(row["reported_model_loading_gib"]) - 1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    if not (CATALOG / "models").is_dir():
+        pytest.skip(f"shipped catalog {CATALOG} is missing")
+    return [compare(r) for r in _rows()]
+
+
+def test_table_is_well_formed():
+    """Every row has the columns, a public URL, a reported KV figure and a version from
+    0.8 on; ids are unique."""
+    rows = _rows()
+    assert rows and tuple(rows[0]) == COLUMNS
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["url"].startswith("https://"), r["id"]
+        assert r["reported_kv_tokens"] or r["reported_available_kv_gib"], r["id"]
+        assert M.parse_version(r["vllm_version"]) >= (0, 8, 0), r["id"]
+        assert 0 < float(r["gpu_memory_utilization"]) <= 1, r["id"]
+
+
+def test_kv_tokens_median_within_two_percent(results):
+    """Issue 12: the median |predicted/reported − 1| of KV tokens over the table ≤ 2 %."""
+    errors = [abs(r["error"]) for r in results]
+    assert statistics.median(errors) <= 0.02, sorted(errors)
+
+
+def test_every_row_within_five_percent_or_explained(results):
+    """Issue 12: each row within 5 %, unless its notes explain the miss."""
+    bad = [(r["id"], round(r["error"], 4)) for r in results
+           if abs(r["error"]) > 0.05 and not r["explained"]]
+    assert not bad
+
+
+def test_weights_within_one_percent_of_model_loading(results):
+    """Issue 12: the weights term within 1 % of the log's ``Model loading took`` where the
+    log has it (rows whose notes explain a layout jkernel does not model are exempt)."""
+    bad = [(r["id"], round(r["weights_error"], 4)) for r in results
+           if r["weights_error"] is not None and abs(r["weights_error"]) > 0.01
+           and not r["explained"]]
+    assert not bad
+
+
+def test_graph_memory_is_charged_only_from_v0_21():
+    """vLLM v0.21.0 made the CUDA-graph estimate part of the start-up budget; before it the
+    graphs come out of the (1 − utilization) margin, so fixed_bytes charges none."""
+    row = _rows()[0] | {"vllm_version": "0.20.0"}
+    before = jkernel.open(bundle(row)).fixed_bytes()
+    after = jkernel.open(bundle(row | {"vllm_version": "0.21.0"})).fixed_bytes()
+    assert before.cuda_graph == 0 < after.cuda_graph
+    assert after.total() - before.total() == after.cuda_graph
+
+
+def test_no_communicator_buffers_at_tp1():
+    """A defect guard: the spec recipe charges NCCL-sized buffers at any width; vLLM v0.8+
+    creates no communicator without a peer, so tp 1 carries only the cuBLAS-size base."""
+    row = _rows()[0]
+    one = jkernel.open(bundle(row)).fixed_bytes()
+    two = jkernel.open(bundle(row | {"tp": "2"})).fixed_bytes()
+    assert one.comm_buffers == M.NON_TORCH_BASE_BYTES
+    assert two.comm_buffers > one.comm_buffers
+
+
+def test_budget_uses_the_reported_device_total():
+    """Before v0.29 the budget is what CUDA reports (79.2 GiB on an H100), not 80 GiB."""
+    row = _rows()[0]
+    k = jkernel.open(bundle(row))
+    assert M.device_memory_bytes(k._r.memory, k.inputs.chip) == pytest.approx(79.2 * GIB)
+    spec = jkernel.open(bundle(row | {"vllm_version": "0.31.0"}))
+    assert M.device_memory_bytes(spec._r.memory, spec.inputs.chip) == 80 * GIB

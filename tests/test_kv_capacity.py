@@ -16,6 +16,7 @@ the rules are general and each names the vLLM version it follows.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 
 import jkernel
 from jkernel import memory as M
+from jkernel.documents import parse_bundle
 
 TABLE = Path(__file__).resolve().parent / "data" / "kv_capacity.csv"
 CATALOG = Path(__file__).resolve().parents[1] / "catalog"
@@ -69,8 +71,24 @@ def bundle(row: dict):
     return sc, dep
 
 
+_DOCUMENTS: dict = {}
+
+
+def open_row(row: dict) -> jkernel.Kernel:
+    """``open_row(row)`` on the shipped catalog; rows naming the same graph and
+    chip share the parsed documents (immutable; YAML parsing is most of a construction)."""
+    sc, dep = bundle(row)
+    key = (sc["model"], repr(sc["cluster"]))
+    if key not in _DOCUMENTS:
+        _DOCUMENTS[key] = jkernel.open_inputs(
+            (sc, dep), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
+    scenario, deployment = parse_bundle((sc, dep))
+    return jkernel.new(dataclasses.replace(_DOCUMENTS[key], scenario=scenario,
+                                           deployment=deployment, pool_index=0))
+
+
 def compare(row: dict) -> dict:
-    k = jkernel.open(bundle(row), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
+    k = open_row(row)
     block, page = k.plan.block_size, k.page_bytes()
     predicted = k.kv_cache_pages() * block
     if row["reported_kv_tokens"]:
@@ -132,8 +150,8 @@ def test_graph_memory_is_charged_only_from_v0_21():
     """vLLM v0.21.0 made the CUDA-graph estimate part of the start-up budget; before it the
     graphs come out of the (1 − utilization) margin, so fixed_bytes charges none."""
     row = _rows()[0] | {"vllm_version": "0.20.0"}
-    before = jkernel.open(bundle(row)).fixed_bytes()
-    after = jkernel.open(bundle(row | {"vllm_version": "0.21.0"})).fixed_bytes()
+    before = open_row(row).fixed_bytes()
+    after = open_row(row | {"vllm_version": "0.21.0"}).fixed_bytes()
     assert before.cuda_graph == 0 < after.cuda_graph
     assert after.total() - before.total() == after.cuda_graph
 
@@ -142,8 +160,8 @@ def test_no_communicator_buffers_at_tp1():
     """A defect guard: the spec recipe charges NCCL-sized buffers at any width; vLLM v0.8+
     creates no communicator without a peer, so tp 1 carries only the cuBLAS-size base."""
     row = _rows()[0]
-    one = jkernel.open(bundle(row)).fixed_bytes()
-    two = jkernel.open(bundle(row | {"tp": "2"})).fixed_bytes()
+    one = open_row(row).fixed_bytes()
+    two = open_row(row | {"tp": "2"}).fixed_bytes()
     assert one.comm_buffers == M.NON_TORCH_BASE_BYTES
     assert two.comm_buffers > one.comm_buffers
 
@@ -151,7 +169,7 @@ def test_no_communicator_buffers_at_tp1():
 def test_budget_uses_the_reported_device_total():
     """Before v0.29 the budget is what CUDA reports (79.2 GiB on an H100), not 80 GiB."""
     row = _rows()[0]
-    k = jkernel.open(bundle(row))
+    k = open_row(row)
     assert M.device_memory_bytes(k._r.memory, k.inputs.chip) == pytest.approx(79.2 * GIB)
-    spec = jkernel.open(bundle(row | {"vllm_version": "0.31.0"}))
+    spec = open_row(row | {"vllm_version": "0.31.0"})
     assert M.device_memory_bytes(spec._r.memory, spec.inputs.chip) == 80 * GIB

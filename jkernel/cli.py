@@ -102,7 +102,7 @@ def _memory_row(k) -> dict:
             "gpu_memory_bytes": device, "gpu_memory_utilization": util,
             "budget_bytes": budget, "kv_bytes": max(0.0, budget - fb.total()),
             "kv_pages": pages, "kv_tokens": pages * block, "max_model_len": max_len,
-            "max_concurrency": _mem.max_concurrency(pages, block, max_len)}
+            "max_concurrency": _mem.max_concurrency(mem, pages, block, max_len)}
 
 
 def _cmd_memory(args) -> int:

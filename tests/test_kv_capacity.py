@@ -173,3 +173,17 @@ def test_budget_uses_the_reported_device_total():
     assert M.device_memory_bytes(k._r.memory, k.inputs.chip) == pytest.approx(79.2 * GIB)
     spec = open_row(row | {"vllm_version": "0.31.0"})
     assert M.device_memory_bytes(spec._r.memory, spec.inputs.chip) == 80 * GIB
+
+
+def test_maximum_concurrency_follows_vllm_groups():
+    """vLLM v0.10.1.1 logged 'Maximum concurrency for 16,384 tokens per request: 284.25x'
+    for gpt-oss-120b at tp 4 with 2,640,144 tokens (165,009 pages of 16): 18 full layers need
+    1,024 blocks per request, 18 sliding layers (window 128, 2048 batched tokens) 137, over
+    the 2 · 165,009 group blocks. A full-attention model is pages / ceil(len / block)."""
+    row = next(r for r in _rows() if r["id"] == "dennislee-gpt-oss-120b-a100-tp4")
+    k = open_row(row)
+    pages = int(row["reported_kv_tokens"]) // 16
+    assert M.max_concurrency(k._r.memory, pages, 16, 16384) == pytest.approx(284.25, abs=0.005)
+    dense = open_row(_rows()[0])
+    assert M.max_concurrency(dense._r.memory, 1000, 128, 16000) == pytest.approx(1000 / 125)
+    assert M.max_concurrency(dense._r.memory, 0, 128, 16000) == 0.0

@@ -76,42 +76,72 @@ def _cmd_price(args) -> int:
     return 0
 
 
+def _memory_row(k) -> dict:
+    """The memory comparison's terms for one pool (memory.md; jkernel/memory.py rules)."""
+    from . import memory as _mem
+    fb = k.fixed_bytes()
+    mem = k._r.memory
+    page = k.page_bytes()
+    pages = k.kv_cache_pages()
+    block = k.plan.block_size
+    util = k.settings["gpu_memory_utilization"]
+    device = _mem.device_memory_bytes(mem, k.inputs.chip)
+    budget = device * util
+    engine = getattr(k.deployment(), "engine", None)
+    max_len = int(getattr(engine, "max_model_len", 0) or 0)
+    rules = mem.rules
+    return {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
+            "engine_version": k.inputs.scenario.engine_version,
+            "recipe": "spec (memory.md §4-§5)" if rules.spec_recipe
+            else "vLLM V1 start-up profile",
+            "fixed_bytes": {"weights": fb.weights, "activation_peak": fb.activation_peak,
+                            "cuda_graph": fb.cuda_graph, "eplb_redundant": fb.eplb_redundant,
+                            "comm_buffers": fb.comm_buffers, "total": fb.total()},
+            "cuda_graph_charged": rules.spec_recipe or rules.graphs_subtracted,
+            "kv_bytes_per_token": k.kv_bytes_per_token(), "block_size": block,
+            "page_bytes": page, "sequence_fixed_bytes": k.sequence_fixed_bytes(),
+            "gpu_memory_bytes": device, "gpu_memory_utilization": util,
+            "budget_bytes": budget, "kv_bytes": max(0.0, budget - fb.total()),
+            "kv_pages": pages, "kv_tokens": pages * block, "max_model_len": max_len,
+            "max_concurrency": _mem.max_concurrency(mem, pages, block, max_len)}
+
+
 def _cmd_memory(args) -> int:
-    out = []
-    for k in _kernels(args):
-        fb = k.fixed_bytes()
-        page = k.page_bytes()
-        pages = k.kv_cache_pages()
-        block = k.plan.block_size
-        row = {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
-               "fixed_bytes": {"weights": fb.weights, "activation_peak": fb.activation_peak,
-                               "cuda_graph": fb.cuda_graph, "eplb_redundant": fb.eplb_redundant,
-                               "comm_buffers": fb.comm_buffers, "total": fb.total()},
-               "kv_bytes_per_token": k.kv_bytes_per_token(), "block_size": block,
-               "page_bytes": page, "sequence_fixed_bytes": k.sequence_fixed_bytes(),
-               "gpu_memory_bytes": k.inputs.chip.memory_bytes,
-               "gpu_memory_utilization": k.settings["gpu_memory_utilization"],
-               "kv_pages": pages, "kv_tokens": pages * block}
-        out.append(row)
-        if args.json:
-            continue
-        gib = 2.0 ** 30
-        print(_title(k))
-        print("  fixed bytes per rank")
-        for name in ("weights", "activation_peak", "cuda_graph", "eplb_redundant",
-                     "comm_buffers", "total"):
-            v = row["fixed_bytes"][name]
-            print(f"    {name:<16}{v:>20,d} B  {v / gib:8.2f} GiB")
-        print(f"  KV bytes per token per rank {k.kv_bytes_per_token():>14,.0f} B")
-        print(f"  page ({block} tokens)           {page:>14,d} B")
-        if row["sequence_fixed_bytes"]:
-            print(f"  recurrent state per sequence {row['sequence_fixed_bytes']:>13,d} B")
-        print(f"  HBM {k.inputs.chip.memory_bytes:,.0f} B × utilization "
-              f"{row['gpu_memory_utilization']:g}")
-        print(f"  KV pages per rank            {pages:>14,d}")
-        print(f"  KV tokens per rank           {pages * block:>14,d}")
+    kernels = list(_kernels(args))
+    out = [_memory_row(k) for k in kernels]
     if args.json:
         print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        return 0
+    gib = 2.0 ** 30
+    for k, row in zip(kernels, out):
+        fb = row["fixed_bytes"]
+        print(_title(k))
+        print(f"  rules        vLLM v{row['engine_version']}: {row['recipe']}")
+        print(f"  device       {row['gpu_memory_bytes']:>20,.0f} B  "
+              f"{row['gpu_memory_bytes'] / gib:8.2f} GiB × utilization "
+              f"{row['gpu_memory_utilization']:g}")
+        print(f"  budget       {row['budget_bytes']:>20,.0f} B  {row['budget_bytes'] / gib:8.2f} GiB")
+        labels = (("weights", "weights"), ("activation peak", "activation_peak"),
+                  ("CUDA graphs", "cuda_graph"), ("buffers", "comm_buffers"),
+                  ("EPLB redundant", "eplb_redundant"))
+        for label, name in labels:
+            v = fb[name]
+            note = ""
+            if name == "cuda_graph" and not row["cuda_graph_charged"]:
+                note = "  (captured after the KV cache, from the 1 - utilization margin)"
+            print(f"    − {label:<16}{v:>17,d} B  {v / gib:8.2f} GiB{note}")
+        print(f"  remains for KV {row['kv_bytes']:>18,.0f} B  {row['kv_bytes'] / gib:8.2f} GiB")
+        print(f"  KV bytes per token per rank {row['kv_bytes_per_token']:>14,.0f} B")
+        print(f"  page ({row['block_size']} tokens)           {row['page_bytes']:>14,d} B")
+        if row["sequence_fixed_bytes"]:
+            print(f"  recurrent state per sequence {row['sequence_fixed_bytes']:>13,d} B")
+        print(f"  KV pages per rank            {row['kv_pages']:>14,d}")
+        print(f"  KV tokens per rank           {row['kv_tokens']:>14,d}")
+        if row["max_model_len"]:
+            print(f"  Maximum concurrency for {row['max_model_len']:,} tokens per request: "
+                  f"{row['max_concurrency']:.2f}x")
+        else:
+            print("  Maximum concurrency: max_model_len unstated")
     return 0
 
 

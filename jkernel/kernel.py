@@ -345,7 +345,8 @@ class Kernel:
 
     def kv_cache_pages(self) -> int:
         """Pages left for the KV cache per rank (memory.md §5)."""
-        return _memory.kv_cache_pages(self.inputs.chip.memory_bytes,
+        return _memory.kv_cache_pages(_memory.device_memory_bytes(self._r.memory,
+                                                                  self.inputs.chip),
                                       self._r.settings["gpu_memory_utilization"],
                                       self.fixed_bytes().total(), self.page_bytes())
 

@@ -1139,7 +1139,8 @@ def _resolve(inputs: Inputs) -> Resolved:
                       hardware=cl.hardware, experts_per_rank=experts.per_rank,
                       shards=experts.shards, redundant=experts.redundant, ep=max(layout.ep, 1),
                       mamba_mode=defaults.mamba_cache_mode, num_spec=defaults.num_spec_tokens,
-                      missing=_missing)
+                      missing=_missing, engine_version=sc.engine_version,
+                      max_num_seqs=defaults.max_num_seqs, ep_on=layout.expert_parallel)
     coeffs = dataclasses.replace(coeffs, used=coeffs.used | set(mem.coefficient_names))
     plan = build_plan(model, kinds, head, chip, layout, dtypes, defaults, cp, coeffs, experts,
                       facts)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import jkernel
+import jkernel.memory
 from conftest import spec_kernel
 from jkernel import Batch, Refusal
 from jkernel.documents import DTYPE_BYTES, load_graph, parse_bundle
@@ -467,3 +468,29 @@ def test_sliding_window_stack_is_not_dcp_sharded():
     assert a.sequence_variable_bytes(4096) == b.sequence_variable_bytes(4096)
     c = kernel(dcp=2, engine={"cache_dtype": "fp8", "block_size": 16})
     assert c.sequence_variable_bytes(4096) == 2048 * 35_136
+
+
+# -- version-selected memory rules (jkernel/memory.py) -----------------------------------------
+
+@pytest.mark.parametrize("text, version", [("0.10.1.1", (0, 10, 1)), ("v0.23.0rc1", (0, 23, 0)),
+                                           ("0.9", (0, 9, 0)), ("0.31.0", (0, 31, 0))])
+def test_parse_version(text, version):
+    assert jkernel.memory.parse_version(text) == version
+
+
+@pytest.mark.parametrize("version, spec, graphs, reported", [
+    ("0.8.5", False, False, True), ("0.20.2", False, False, True), ("0.21.0", False, True, True),
+    ("0.28.1", False, True, True), ("0.29.0", True, True, False), ("0.31.0", True, True, False)])
+def test_memory_rules_by_version(version, spec, graphs, reported):
+    """The spec's recipe from 0.29.0 (its magnitudes are the 0.29 rules pack's, its pins are
+    declared at 0.29.0 and 0.31.0); vLLM's measured start-up before; the CUDA-graph estimate
+    charged from vLLM v0.21.0."""
+    r = jkernel.memory.memory_rules(version)
+    assert (r.spec_recipe, r.graphs_subtracted, r.reported_total) == (spec, graphs, reported)
+
+
+def test_spec_pins_hold_at_the_declared_0_29_fixture():
+    """The DeepSeek fixture declares engine_version 0.29.0: the spec recipe governs it, so the
+    pinned breakdown is unchanged by the vLLM-measured rules of earlier versions."""
+    assert spec_kernel().inputs.scenario.engine_version == "0.29.0"
+    assert spec_kernel().fixed_bytes().total() == 90_067_197_952

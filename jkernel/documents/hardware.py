@@ -30,6 +30,7 @@ class Chip:
     gpus_per_node: int = 0
     gpus_per_rack: int = 0
     intra_rack_gbps: float = 0.0
+    reported_memory_gib: float = 0.0   # what CUDA reports as total (torch.cuda.mem_get_info)
 
     @property
     def memory_bytes(self) -> float:
@@ -84,6 +85,7 @@ def parse_chip(data: Any, name: str, file: str | None = None) -> Chip:
     gpn = r.int("GPUsPerNode", 0, minimum=1)
     gpr = r.int("GPUsPerRack", 0, minimum=1)
     rack_bw = r.num("IntraRackBwGBps", 0.0, positive=True)
+    reported = r.num("ReportedMemoryGiB", 0.0, positive=True)
     r.done()
     if fp8 and fp8 <= bf16:
         raise refuse(f"TFlopsFP8 {fp8} must exceed TFlopsPeak {bf16} (0 or absent means no "
@@ -93,7 +95,10 @@ def parse_chip(data: Any, name: str, file: str | None = None) -> Chip:
                      field="GPUsPerRack")
     if rack_bw and not gpr:
         raise refuse("IntraRackBwGBps needs GPUsPerRack", file=file, field="IntraRackBwGBps")
-    return Chip(name, prov, bf16, fp8, fp4, hbm, mem, nvl, sms, gpn, gpr, rack_bw)
+    if reported > mem:
+        raise refuse(f"ReportedMemoryGiB {reported} exceeds MemoryGiB {mem}: the device "
+                     "reports at most its capacity", file=file, field="ReportedMemoryGiB")
+    return Chip(name, prov, bf16, fp8, fp4, hbm, mem, nvl, sms, gpn, gpr, rack_bw, reported)
 
 
 def parse_fabric(data: Any, name: str, file: str | None = None) -> Fabric:

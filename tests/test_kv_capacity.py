@@ -1,0 +1,212 @@
+"""KV capacity against vLLM's own start-up reports (tests/data/kv_capacity.csv).
+
+Each row is one real vLLM server start: its model, chip, parallelism, engine settings and
+version, and the figures its log printed (``GPU KV cache size``, ``Available KV cache
+memory``, ``Model loading took``). The kernel is opened on the catalog with the row's
+engine_version, so the version-selected memory rules of jkernel/memory.py apply. Where a log
+quotes no token count, the reported KV memory is turned into tokens at the row's own page
+(floor(bytes / page) · block), which compares the budget alone.
+
+Bounds (issue 12): median |predicted/reported − 1| of KV tokens ≤ 2 %; every row within 5 %
+unless its notes column explains the miss (then it is only reported); the weights term
+within 1 % of ``Model loading took`` unless the notes explain it. Nothing is fitted per row:
+the rules are general and each names the vLLM version it follows.
+
+The ``fed_constants`` column names the constants of jkernel/memory.py (or the rule) that a
+row's figures were used to choose; rows with it empty fed none and form the held-out set,
+whose error is reported and bound separately from the whole table's.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+import jkernel
+from jkernel import memory as M
+from jkernel.documents import parse_bundle
+
+TABLE = Path(__file__).resolve().parent / "data" / "kv_capacity.csv"
+CATALOG = Path(__file__).resolve().parents[1] / "catalog"
+SETS = ["cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
+        "cost-model-attention", "cost-model-recurrent", "cost-model-memory"]
+GIB = 2 ** 30
+COLUMNS = ("id", "model", "hf_model", "gpu", "tp", "dp", "ep", "dtype", "quantization",
+           "kv_cache_dtype", "gpu_memory_utilization", "max_model_len",
+           "max_num_batched_tokens", "max_num_seqs", "block_size", "cudagraph_mode",
+           "vllm_version", "reported_kv_tokens", "reported_gpu_blocks",
+           "reported_available_kv_gib", "reported_model_loading_gib",
+           "reported_max_concurrency", "fed_constants", "url", "notes")
+# Words in a row's notes that mark an explained miss (a layout or override jkernel does not
+# model); such a row is reported but not bound to 5 %.
+EXPLAINED = ("not modelled", "jkernel does not model")
+
+
+def _rows() -> list[dict]:
+    with TABLE.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def bundle(row: dict):
+    """The row as a (Scenario, Deployment) pair on the shipped catalog."""
+    eng = {"block_size": int(row["block_size"]),
+           "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
+           "max_num_seqs": int(row["max_num_seqs"]), "max_model_len": int(row["max_model_len"]),
+           "gpu_memory_utilization": float(row["gpu_memory_utilization"]),
+           "cudagraph_mode": row["cudagraph_mode"]}
+    if row["quantization"]:
+        eng["quantization"] = row["quantization"]
+    if row["kv_cache_dtype"] not in ("", "auto"):
+        eng["cache_dtype"] = row["kv_cache_dtype"]
+    tp, dp = int(row["tp"]), int(row["dp"])
+    par = {"tp": tp, "pp": 1, "dp": dp}
+    if int(row["ep"]):
+        par["enable_expert_parallel"] = True
+    sc = {"kind": "Scenario", "name": row["id"], "model": row["model"], "coefficients": SETS,
+          "engine_version": row["vllm_version"],
+          "cluster": {"hardware": row["gpu"], "nodes": 1, "gpus_per_node": tp * dp}}
+    dep = {"kind": "Deployment", "name": row["id"],
+           "pools": [{"role": "colocated", "nodes": 1, "parallel": par, "engine": eng}]}
+    return sc, dep
+
+
+_DOCUMENTS: dict = {}
+
+
+def open_row(row: dict) -> jkernel.Kernel:
+    """``open_row(row)`` on the shipped catalog; rows naming the same graph and
+    chip share the parsed documents (immutable; YAML parsing is most of a construction)."""
+    sc, dep = bundle(row)
+    key = (sc["model"], repr(sc["cluster"]))
+    if key not in _DOCUMENTS:
+        _DOCUMENTS[key] = jkernel.open_inputs(
+            (sc, dep), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
+    scenario, deployment = parse_bundle((sc, dep))
+    return jkernel.new(dataclasses.replace(_DOCUMENTS[key], scenario=scenario,
+                                           deployment=deployment, pool_index=0))
+
+
+def compare(row: dict) -> dict:
+    k = open_row(row)
+    block, page = k.plan.block_size, k.page_bytes()
+    predicted = k.kv_cache_pages() * block
+    if row["reported_kv_tokens"]:
+        reported = int(row["reported_kv_tokens"])
+    else:
+        reported = math.floor(float(row["reported_available_kv_gib"]) * GIB / page) * block
+    out = {"id": row["id"], "predicted": predicted, "reported": reported,
+           "error": predicted / reported - 1, "weights_error": None,
+           "held_out": not row["fed_constants"].strip(),
+           "explained": any(w in row["notes"] for w in EXPLAINED)}
+    if row["reported_model_loading_gib"]:
+        out["weights_error"] = (k.fixed_bytes().weights / GIB
+                                / float(row["reported_model_loading_gib"]) - 1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    if not (CATALOG / "models").is_dir():
+        pytest.skip(f"shipped catalog {CATALOG} is missing")
+    return [compare(r) for r in _rows()]
+
+
+def test_table_is_well_formed():
+    """Every row has the columns, a public URL, a reported KV figure and a version from
+    0.8 on; ids are unique."""
+    rows = _rows()
+    assert rows and tuple(rows[0]) == COLUMNS
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["url"].startswith("https://"), r["id"]
+        assert r["reported_kv_tokens"] or r["reported_available_kv_gib"], r["id"]
+        assert M.parse_version(r["vllm_version"]) >= (0, 8, 0), r["id"]
+        assert 0 < float(r["gpu_memory_utilization"]) <= 1, r["id"]
+
+
+def _summary(rows: list[dict]) -> str:
+    errs = [abs(r["error"]) for r in rows]
+    return (f"{len(rows)} rows: median |err| {statistics.median(errs):.2%}, "
+            f"max |err| {max(errs):.2%}")
+
+
+def test_kv_tokens_median_within_two_percent(results):
+    """Issue 12: the median |predicted/reported − 1| of KV tokens over the table ≤ 2 %."""
+    errors = [abs(r["error"]) for r in results]
+    print("\nKV tokens, all rows:", _summary(results))
+    assert statistics.median(errors) <= 0.02, sorted(errors)
+
+
+def test_held_out_rows_within_two_percent(results):
+    """The same bound on the rows that fed no constant (``fed_constants`` empty), so the
+    accuracy is not only that of the rows the constants were chosen on."""
+    held = [r for r in results if r["held_out"]]
+    fitted = [r for r in results if not r["held_out"]]
+    assert held, "the table needs held-out rows"
+    print("\nKV tokens, held-out:", _summary(held), "| fitted:", _summary(fitted))
+    assert statistics.median(abs(r["error"]) for r in held) <= 0.02, \
+        [(r["id"], round(r["error"], 4)) for r in held]
+
+
+def test_every_row_within_five_percent_or_explained(results):
+    """Issue 12: each row within 5 %, unless its notes explain the miss."""
+    bad = [(r["id"], round(r["error"], 4)) for r in results
+           if abs(r["error"]) > 0.05 and not r["explained"]]
+    assert not bad
+
+
+def test_weights_within_one_percent_of_model_loading(results):
+    """Issue 12: the weights term within 1 % of the log's ``Model loading took`` where the
+    log has it (rows whose notes explain a layout jkernel does not model are exempt)."""
+    bad = [(r["id"], round(r["weights_error"], 4)) for r in results
+           if r["weights_error"] is not None and abs(r["weights_error"]) > 0.01
+           and not r["explained"]]
+    assert not bad
+
+
+def test_graph_memory_is_charged_only_from_v0_21():
+    """vLLM v0.21.0 made the CUDA-graph estimate part of the start-up budget; before it the
+    graphs come out of the (1 − utilization) margin, so fixed_bytes charges none."""
+    row = _rows()[0] | {"vllm_version": "0.20.0"}
+    before = open_row(row).fixed_bytes()
+    after = open_row(row | {"vllm_version": "0.21.0"}).fixed_bytes()
+    assert before.cuda_graph == 0 < after.cuda_graph
+    assert after.total() - before.total() == after.cuda_graph
+
+
+def test_no_communicator_buffers_at_tp1():
+    """A defect guard: the spec recipe charges NCCL-sized buffers at any width; vLLM v0.8+
+    creates no communicator without a peer, so tp 1 carries only the cuBLAS-size base."""
+    row = _rows()[0]
+    one = open_row(row).fixed_bytes()
+    two = open_row(row | {"tp": "2"}).fixed_bytes()
+    assert one.comm_buffers == M.NON_TORCH_BASE_BYTES
+    assert two.comm_buffers > one.comm_buffers
+
+
+def test_budget_uses_the_reported_device_total():
+    """Before v0.29 the budget is what CUDA reports (79.2 GiB on an H100), not 80 GiB."""
+    row = _rows()[0]
+    k = open_row(row)
+    assert M.device_memory_bytes(k._r.memory, k.inputs.chip) == pytest.approx(79.2 * GIB)
+    spec = open_row(row | {"vllm_version": "0.31.0"})
+    assert M.device_memory_bytes(spec._r.memory, spec.inputs.chip) == 80 * GIB
+
+
+def test_maximum_concurrency_follows_vllm_groups():
+    """vLLM v0.10.1.1 logged 'Maximum concurrency for 16,384 tokens per request: 284.25x'
+    for gpt-oss-120b at tp 4 with 2,640,144 tokens (165,009 pages of 16): 18 full layers need
+    1,024 blocks per request, 18 sliding layers (window 128, 2048 batched tokens) 137, over
+    the 2 · 165,009 group blocks. A full-attention model is pages / ceil(len / block)."""
+    row = next(r for r in _rows() if r["id"] == "dennislee-gpt-oss-120b-a100-tp4")
+    k = open_row(row)
+    pages = int(row["reported_kv_tokens"]) // 16
+    assert M.max_concurrency(k._r.memory, pages, 16, 16384) == pytest.approx(284.25, abs=0.005)
+    dense = open_row(_rows()[0])
+    assert M.max_concurrency(dense._r.memory, 1000, 128, 16000) == pytest.approx(1000 / 125)
+    assert M.max_concurrency(dense._r.memory, 0, 128, 16000) == 0.0

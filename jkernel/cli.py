@@ -5,6 +5,7 @@
     jkernel catalog [chips|fabrics|models|scenarios|sets]
     jkernel provenance SCENARIO                       # every coefficient and assumption used
     jkernel derive CONFIG.json --name NAME [--out catalog/models]
+    jkernel replay SCENARIO --requests FILE [--out FILE]   # serve a request trace
 
 SCENARIO is a bundle path or the name of a scenario in the catalog. A disaggregated
 deployment is reported pool by pool unless ``--pool`` names one.
@@ -156,6 +157,44 @@ def _cmd_derive(args) -> int:
     return 0
 
 
+def _cmd_replay(args) -> int:
+    """Replay a request file on the scenario's pool(s); write one row per request."""
+    from .kernel import open_inputs, open_pool
+    from .replay import format_summary, load_requests, replay, replay_disaggregated
+
+    requests = load_requests(args.requests)          # errors name the file and column
+    if requests.attrs.get("sorted"):
+        print(f"jkernel: {args.requests}: arrivals were not in order; replayed sorted by "
+              "arrival", file=sys.stderr)
+    inputs = open_inputs(args.scenario)
+    roles = [p.role for p in inputs.deployment.pools]
+    progress = not args.no_progress and sys.stderr.isatty()
+    if args.pool is not None or len(roles) == 1:
+        res = replay(open_pool(args.scenario, args.pool or 0), requests, progress=progress,
+                     clock=args.clock)
+    elif sorted(roles) == ["decode", "prefill"]:
+        res = replay_disaggregated(open_pool(args.scenario, "prefill"),
+                                   open_pool(args.scenario, "decode"), requests,
+                                   progress=progress, clock=args.clock)
+    else:
+        raise ValueError(f"{args.scenario}: replay needs one pool or a prefill and a decode "
+                         f"pool, not {', '.join(roles)}")
+    if args.out:
+        out = args.out
+        if str(out).lower().endswith((".parquet", ".pq")):
+            res.requests.to_parquet(out, index=False)
+        else:
+            res.requests.to_csv(out, index=False)
+    if args.json:
+        print(json.dumps(res.summary, indent=2))
+    else:
+        print(f"{inputs.scenario.name}: {len(requests)} requests from {args.requests}")
+        print(format_summary(res.summary))
+        if args.out:
+            print(f"per-request table: {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jkernel", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="models folder to write <name>/ into "
                                               "(default: print the graph)")
     s.set_defaults(fn=_cmd_derive)
+    s = scenario_cmd("replay", "replay a request trace through vLLM's scheduler, priced "
+                     "step by step")
+    s.add_argument("--requests", required=True,
+                   help="CSV or Parquet: request_id, arrival_time_us (or arrival_s), "
+                        "input_tokens, output_tokens; or a residency-vllm trace.csv")
+    s.add_argument("--out", default=None, help="per-request table (.csv or .parquet)")
+    s.add_argument("--clock", default="expected_s", choices=["expected_s", "no_overlap_s"])
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(fn=_cmd_replay)
     return p
 
 

@@ -1,0 +1,80 @@
+"""Speed of the serving replay: the 8 requests/s residency-vllm run, end to end.
+
+    python benchmarks/bench_replay.py [--trace ../shared/data/residency-vllm/sweep_rate/agg_8rps/patched/trace.csv]
+
+Prints the machine, the kernel's open + warm-up time, the replay's wall time, steps, steps
+per second, and the share of the wall time spent inside ``step_time`` (measured in the same
+run by wrapping the kernel's method). Without the shared data it replays a synthetic Poisson
+workload of the same shape (4,800 requests at 8/s, 1,010-token prompts, 128 outputs).
+Target (issue 13): ≤ 20 s for the 8 requests/s run on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT.parent / "shared" / "data" / "residency-vllm" / "sweep_rate" / "agg_8rps" / \
+    "patched" / "trace.csv"
+
+
+def synthetic(n: int = 4800, rate: float = 8.0, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / rate, n)
+    return pd.DataFrame({"request_id": np.arange(n), "arrival_s": np.cumsum(gaps) - gaps[0],
+                         "input_tokens": rng.integers(960, 1060, n), "output_tokens": 128})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", default=str(TRACE))
+    ap.add_argument("--scenario", default="qwen3-14b-h100-tp1")
+    a = ap.parse_args()
+    import jkernel
+    from jkernel.replay import load_requests, replay
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    t0 = time.perf_counter()
+    k = jkernel.open(a.scenario)
+    k.warm_up()
+    t_open = time.perf_counter() - t0
+    if Path(a.trace).exists():
+        reqs, what = load_requests(a.trace), a.trace
+    else:
+        reqs, what = synthetic(), "synthetic 4,800 requests at 8/s (no shared data)"
+    inside = [0.0]
+    step_time = k.step_time
+
+    def timed(batch):
+        t = time.perf_counter()
+        try:
+            return step_time(batch)
+        finally:
+            inside[0] += time.perf_counter() - t
+
+    k.step_time = timed                  # instance attribute: this kernel only
+    t0 = time.perf_counter()
+    res = replay(k, reqs)
+    wall = time.perf_counter() - t0
+    s = res.summary
+    print(f"workload: {what}")
+    print(f"open + warm_up: {t_open:.1f} s")
+    print(f"replay: {len(reqs)} requests, {s['steps']} steps, {s['duration_s']:.0f} s served, "
+          f"in {wall:.2f} s wall = {s['steps'] / wall:.0f} steps/s "
+          f"({wall / max(s['duration_s'], 1e-9) * 100:.2f} % of real time)")
+    print(f"inside step_time: {inside[0]:.2f} s ({inside[0] / wall * 100:.0f} %), "
+          f"{inside[0] / s['steps'] * 1e6:.0f} µs per step; scheduler and bookkeeping "
+          f"{(wall - inside[0]) / s['steps'] * 1e6:.0f} µs per step")
+    print(f"target ≤ 20 s: {'met' if wall <= 20 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Serving replay: a vLLM-v1-style scheduler stepping one pool (or a prefill/decode pair),
+every step priced by a :class:`jkernel.Kernel`. Request table in, per-request latencies out::
+
+    import jkernel
+    from jkernel.replay import replay, load_requests
+    k = jkernel.open("qwen3-14b-h100-tp1")
+    res = replay(k, load_requests("trace.csv"), progress=True)
+    res.requests        # one row per request: ttft_s, e2e_s, itl_mean_s, preemptions, ...
+    res.summary         # mean/p50/p90/p99 of TTFT, ITL, E2E; throughput; steps; KV peak
+
+The replay sits above the kernel core: it reads the kernel's resolved settings and prices
+with ``step_time`` and the overhead methods, and the kernel knows nothing of it. Modules:
+:mod:`~jkernel.replay.workload` (request tables), :mod:`~jkernel.replay.scheduler` (one
+replica's vLLM v0.31.0 scheduler and KV blocks), :mod:`~jkernel.replay.sim` (the event loop),
+:mod:`~jkernel.replay.api` (the entry points), :mod:`~jkernel.replay.validate` (against the
+residency-vllm runs).
+"""
+
+from .api import ReplayResult, format_summary, replay, replay_disaggregated, summarize
+from .workload import REQUIRED, load_requests, validate_requests
+
+__all__ = ["replay", "replay_disaggregated", "ReplayResult", "load_requests",
+           "validate_requests", "summarize", "format_summary", "REQUIRED"]

@@ -1,0 +1,268 @@
+"""``replay`` and ``replay_disaggregated``: a request table in, per-request latencies out."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .scheduler import PoolLimits
+from .sim import Pool, Simulation, ticks
+from .workload import validate_requests
+
+__all__ = ["ReplayResult", "replay", "replay_disaggregated", "summarize", "format_summary"]
+
+#: Summary keys for each latency: mean and percentiles, seconds.
+STATS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced.
+
+    Attributes:
+      requests: one row per input request, in arrival order: ``request_id``, ``arrival_s``,
+        ``input_tokens``, ``output_tokens``, ``ttft_s``, ``e2e_s``, ``itl_mean_s`` (mean gap
+        between a request's tokens), ``first_token_s`` / ``finish_s`` (absolute, on the
+        input's clock), ``preemptions``, ``cached_tokens`` (prefix-cache hits), ``rejected``
+        (bool) and ``reject_reason``; latencies are NaN for a rejected request.
+      summary: ``ttft_{mean,p50,p90,p99}_s``, the same for ``itl`` (every gap between two
+        consecutive tokens of a request, pooled over requests, as vLLM's benchmark counts
+        ITL) and ``e2e``; ``throughput_tokens_per_s`` (prompt + output tokens of completed
+        requests per second of the run), ``output_tokens_per_s``, ``requests_per_s``,
+        ``steps``, ``preemptions``, ``kv_usage_peak`` (fraction of the KV cache),
+        ``completed``, ``rejected``, ``duration_s`` (first arrival to last finish).
+      steps: one row per engine step: ``pool``, ``engine``, ``start_s``, ``duration_s``,
+        ``requests``, ``tokens``, ``prefill_tokens``, ``kv_usage``.
+      itl_gaps_s: every gap between consecutive tokens of a request, pooled (seconds).
+    """
+
+    requests: pd.DataFrame
+    summary: dict
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"ReplayResult({len(self.requests)} requests, {s['completed']} completed, "
+                f"{s['rejected']} rejected, {s['steps']} steps; TTFT mean "
+                f"{s['ttft_mean_s'] * 1e3:.1f} ms, ITL mean {s['itl_mean_s'] * 1e3:.2f} ms, "
+                f"E2E mean {s['e2e_mean_s']:.3f} s)")
+
+
+def _hashes(df: pd.DataFrame, block: int) -> list[tuple] | None:
+    """Per request, the hashes of its full prompt blocks (None when none are given)."""
+    if "block_hashes" in df.columns:
+        out = []
+        for v in df["block_hashes"]:
+            if isinstance(v, str):
+                out.append(tuple(int(x) for x in v.split()))
+            elif v is None or (isinstance(v, float) and np.isnan(v)):
+                out.append(())
+            else:
+                out.append(tuple(int(x) for x in v))
+        return out
+    if "prefix_group" in df.columns and "prefix_length" in df.columns:
+        groups = df["prefix_group"].to_numpy()
+        lengths = pd.to_numeric(df["prefix_length"], errors="coerce").fillna(0).to_numpy()
+        out = []
+        for g, n in zip(groups, lengths):
+            if g is None or (isinstance(g, float) and np.isnan(g)) or g == "" or n < block:
+                out.append(())
+            else:
+                out.append(tuple(hash((g, j)) for j in range(int(n) // block)))
+        return out
+    return None
+
+
+def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, list[str]]:
+    """Requests vLLM would refuse, and why (never dropped: they are rows of the output)."""
+    n = len(df)
+    rejected = np.zeros(n, bool)
+    reasons = [""] * n
+    total = (df["input_tokens"] + df["output_tokens"]).to_numpy()
+    for lim in limits:
+        if lim.max_model_len:
+            # vLLM v0.31.0's OpenAI server answers 400 when prompt + max_tokens exceeds
+            # max_model_len ("maximum context length is … tokens"); the engine never sees it.
+            over = total > lim.max_model_len
+            for i in np.flatnonzero(over & ~rejected):
+                reasons[i] = (f"max_model_len: {int(total[i])} tokens (prompt + output) > "
+                              f"{lim.max_model_len}")
+            rejected |= over
+        # Without a max_model_len a request that cannot fit the empty cache would wait
+        # forever; vLLM would not have started (it sizes max_model_len to fit), so refuse it.
+        cap = lim.pages - lim.fixed_pages
+        big = np.array([lim.pages_for(int(x)) > cap for x in total]) & ~rejected
+        for i in np.flatnonzero(big):
+            reasons[i] = f"kv_cache: {int(total[i])} tokens need more than {lim.pages} pages"
+        rejected |= big
+    return rejected, reasons
+
+
+def _check_start(pool: Pool) -> None:
+    lim = pool.limits
+    if lim.pages <= 0:
+        raise ValueError(f"pool {pool.name}: the KV cache has no pages "
+                         f"(kv_cache_pages() = {lim.pages}); vLLM would not start")
+    if lim.max_model_len and lim.pages_for(lim.max_model_len) + lim.fixed_pages > lim.pages:
+        raise ValueError(
+            f"pool {pool.name}: max_model_len {lim.max_model_len} needs "
+            f"{lim.pages_for(lim.max_model_len)} KV pages but only {lim.pages} fit; vLLM "
+            "would not start (lower max_model_len or raise gpu_memory_utilization)")
+
+
+def _progress_bar(show: bool, total: int):
+    if not show:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:             # the bar is optional: pip install 'jkernel[replay]'
+        return None
+    return tqdm(total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5)
+
+
+def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayResult:
+    df = validate_requests(requests, source=requests.attrs.get("source", "requests"))
+    rejected, reasons = _reject(df, [p.limits for p in pools])
+    for p in pools:
+        _check_start(p)
+    keep = np.flatnonzero(~rejected)
+    arrival_us = np.array([ticks(x) for x in df["arrival_s"].to_numpy()], np.int64)
+    hashes = _hashes(df, pools[0].limits.block_size)
+    sim = Simulation(pools, arrival_us[keep], df["input_tokens"].to_numpy()[keep],
+                     df["output_tokens"].to_numpy()[keep],
+                     None if hashes is None else [hashes[i] for i in keep],
+                     progress=_progress_bar(progress, len(keep)))
+    sim.run()
+    n = len(df)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    pre = np.zeros(n, np.int64)
+    cached = np.zeros(n, np.int64)
+    gaps = []
+    for j, i in enumerate(keep):
+        times = sim.tokens_us[j]
+        if sim.finish_us[j] >= 0:
+            first[i] = sim.first_us[j] / 1e6
+            last[i] = times[-1] / 1e6
+            finish[i] = sim.finish_us[j] / 1e6
+            if len(times) > 1:
+                gaps.append(np.diff(np.asarray(times, np.int64)))
+        pre[i] = sim.preemptions[j]
+        cached[i] = sim.cached_tokens[j]
+    arrival = arrival_us / 1e6
+    out = pd.DataFrame({
+        "request_id": df["request_id"].to_numpy(),
+        "arrival_s": df["arrival_s"].to_numpy(),
+        "input_tokens": df["input_tokens"].to_numpy(),
+        "output_tokens": df["output_tokens"].to_numpy(),
+        "ttft_s": first - arrival,
+        "e2e_s": finish - arrival,
+        "itl_mean_s": np.where(df["output_tokens"].to_numpy() > 1,
+                               (last - first) / np.maximum(df["output_tokens"] - 1, 1),
+                               np.nan),
+        "first_token_s": first,
+        "finish_s": finish,
+        "preemptions": pre,
+        "cached_tokens": cached,
+        "rejected": rejected,
+        "reject_reason": reasons,
+    })
+    for col in df.columns:                       # carry what the input had besides
+        if col not in out.columns:
+            out[col] = df[col].to_numpy()
+    steps = pd.DataFrame(sim.step_log, columns=["pool", "engine", "start_s", "duration_s",
+                                                "requests", "tokens", "prefill_tokens",
+                                                "kv_usage"])
+    steps["start_s"] /= 1e6
+    steps["duration_s"] /= 1e6
+    gap_s = np.concatenate(gaps) / 1e6 if gaps else np.zeros(0)
+    summary = summarize(out, gap_s, steps=len(steps), kv_usage_peak=sim.kv_usage_peak)
+    return ReplayResult(out, summary, steps, gap_s)
+
+
+def summarize(table: pd.DataFrame, itl_gaps_s: np.ndarray | None = None, *, steps: int = 0,
+              kv_usage_peak: float = float("nan")) -> dict:
+    """The summary of a per-request table (see :class:`ReplayResult`)."""
+    done = table[~table["rejected"] & table["e2e_s"].notna()]
+
+    def stats(name: str, x: np.ndarray) -> dict:
+        x = np.asarray(x, float)
+        if x.size == 0:
+            return {f"{name}_{s}_s": float("nan") for s in STATS}
+        return {f"{name}_mean_s": float(x.mean()),
+                **{f"{name}_p{q}_s": float(np.percentile(x, q)) for q in (50, 90, 99)}}
+
+    if itl_gaps_s is None:
+        itl_gaps_s = done["itl_mean_s"].dropna().to_numpy()
+    start = float(table["arrival_s"].min()) if len(table) else 0.0
+    end = float(done["finish_s"].max()) if len(done) else start
+    span = max(end - start, 1e-9)
+    out_tok = int(done["output_tokens"].sum())
+    all_tok = out_tok + int(done["input_tokens"].sum())
+    return {
+        **stats("ttft", done["ttft_s"].to_numpy()),
+        **stats("itl", itl_gaps_s),
+        **stats("e2e", done["e2e_s"].to_numpy()),
+        "throughput_tokens_per_s": all_tok / span,
+        "output_tokens_per_s": out_tok / span,
+        "requests_per_s": len(done) / span,
+        "steps": int(steps),
+        "preemptions": int(table["preemptions"].sum()),
+        "kv_usage_peak": float(kv_usage_peak),
+        "completed": int(len(done)),
+        "rejected": int(table["rejected"].sum()),
+        "duration_s": end - start,
+    }
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as a small text table (what ``jkernel replay`` prints)."""
+    rows = [f"{'':6}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}"]
+    for name, unit, scale in (("ttft", "ms", 1e3), ("itl", "ms", 1e3), ("e2e", "s", 1.0)):
+        vals = "".join(f"{summary[f'{name}_{s}_s'] * scale:12.3f}" for s in STATS)
+        rows.append(f"{name.upper() + ' ' + unit:6}{vals}")
+    rows.append(f"requests {summary['completed']} completed, {summary['rejected']} rejected, "
+                f"{summary['preemptions']} preemptions; {summary['steps']} steps over "
+                f"{summary['duration_s']:.1f} s")
+    rows.append(f"throughput {summary['throughput_tokens_per_s']:.0f} tokens/s "
+                f"({summary['output_tokens_per_s']:.0f} output tokens/s, "
+                f"{summary['requests_per_s']:.2f} requests/s); KV usage peak "
+                f"{summary['kv_usage_peak'] * 100:.1f} %")
+    return "\n".join(rows)
+
+
+def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int = 0,
+           clock: str = "expected_s") -> ReplayResult:
+    """Replay ``requests`` on the pool of ``kernel`` (a colocated deployment).
+
+    Args:
+      kernel: a :class:`jkernel.Kernel`; its settings (block size, token budget,
+        ``max_num_seqs``, prefix caching, async scheduling) and ``kv_cache_pages()`` size
+        the scheduler.
+      requests: a DataFrame with ``request_id``, ``arrival_s`` (s), ``input_tokens``,
+        ``output_tokens`` (see :func:`jkernel.replay.load_requests`).
+      progress: show a progress bar (tqdm) on stderr.
+      seed: accepted for a stable interface; the replay itself is deterministic (FCFS,
+        least-loaded routing with ties to the lowest index) and draws no random numbers.
+      clock: ``"expected_s"`` (jkernel's estimate) or ``"no_overlap_s"``.
+    """
+    del seed
+    return _run([Pool(kernel, clock=clock)], requests, progress)
+
+
+def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, *,
+                         progress: bool = False, seed: int = 0,
+                         clock: str = "expected_s") -> ReplayResult:
+    """Replay ``requests`` on a prefill pool and a decode pool (vLLM's proxy flow with a KV
+    connector). The prefill pool's nodes come first, then the decode pool's; the KV
+    transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
+    """
+    del seed
+    pre = Pool(prefill_kernel, name="prefill", clock=clock)
+    dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
+    return _run([pre, dec], requests, progress)

@@ -1,0 +1,293 @@
+"""One data-parallel replica's scheduler and KV block allocator, after vLLM v0.31.0's v1
+scheduler (``vllm/v1/core/sched/scheduler.py``) and KV cache manager.
+
+Everything here is plain Python state; nothing is priced. :class:`Replica.schedule` forms one
+step's batch and advances the scheduler's bookkeeping the way vLLM does at scheduling time
+(``num_computed_tokens`` grows when a request is scheduled, not when its step ends), so that
+the same code serves synchronous and asynchronous scheduling: the caller decides *when* a
+schedule happens (see :mod:`jkernel.replay.sim`).
+
+Rules, each as vLLM v0.31.0 does it (FCFS policy, RECOMPUTE preemption, chunked prefill on):
+
+1. Running requests first, in the order they were admitted: each gets
+   ``min(tokens not yet computed, token budget left)`` tokens (a decode 1, a partially
+   computed prompt its next chunk).
+2. A running request whose new tokens need more KV blocks than are free preempts the
+   *last* running request (FCFS keeps ``running`` in admission order and pops its tail),
+   repeatedly, until the blocks fit or it has preempted itself. A preempted request frees
+   all its blocks, loses its computed tokens (it will recompute prompt and outputs so far)
+   and goes to the *front* of the waiting queue.
+3. Waiting requests are admitted only in a step that preempted nobody, in FCFS order, while
+   the budget lasts and fewer than ``max_num_seqs`` run; a prompt longer than the budget
+   left is chunked. The first waiting request whose blocks do not fit stops admission
+   (no skipping ahead: FCFS).
+4. Prefix caching (when on): a request being admitted with nothing computed looks up its
+   full prompt blocks by hash, longest prefix first; a hit shares the block. At most
+   ``num_tokens − 1`` tokens are hits, so the last one is always computed (it produces the
+   logits). Freed blocks that hold a hash stay cached (evictable, least recently freed
+   first) until a new block is needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+__all__ = ["Seq", "Replica", "PoolLimits"]
+
+
+class Seq:
+    """A request's state on one pool.
+
+    ``num_tokens``: prompt + tokens sampled so far on this pool (a sampled token counts as
+    soon as its step is scheduled, vLLM's output placeholder); ``computed``: tokens whose KV
+    is in the cache (or scheduled into it); ``sampled``: tokens sampled on this pool;
+    ``wanted``: tokens to sample here (1 for a prefill-only request of a disaggregated
+    pair, whose token is discarded).
+    """
+
+    __slots__ = ("rid", "prompt", "wanted", "num_tokens", "computed", "sampled", "pages",
+                 "hashes", "held", "prefill_only", "done", "preemptions", "cached_tokens",
+                 "replica")
+
+    def __init__(self, rid: int, prompt: int, wanted: int, *, computed: int = 0,
+                 prefill_only: bool = False, hashes: tuple = ()):
+        self.rid = rid
+        self.prompt = prompt
+        self.wanted = wanted
+        self.num_tokens = prompt
+        self.computed = computed
+        self.sampled = 0
+        self.pages = 0
+        self.hashes = hashes          # one per full prompt block, for prefix caching
+        self.held: list = []          # hashes of cached blocks this request references
+        self.prefill_only = prefill_only
+        self.done = False             # every wanted token is sampled (or scheduled to be)
+        self.preemptions = 0
+        self.cached_tokens = 0
+        self.replica = None
+
+
+class PoolLimits:
+    """The scheduler limits and KV geometry of one pool, read once from its kernel."""
+
+    def __init__(self, kernel):
+        s = kernel.settings
+        self.block_size = int(s["block_size"])
+        self.max_num_batched_tokens = int(s["max_num_batched_tokens"])
+        self.max_num_seqs = int(s["max_num_seqs"])
+        self.page_bytes = int(kernel.page_bytes())
+        self.pages = int(kernel.kv_cache_pages())          # per rank, per replica
+        self.fixed_pages = -(-int(kernel.sequence_fixed_bytes()) // self.page_bytes)
+        eng = kernel.deployment().engine
+        # Prefix caching is on unless stated off (vLLM v0.31.0 default; resolution.md §10).
+        self.prefix_caching = bool(s.get("enable_prefix_caching",
+                                         eng.enable_prefix_caching is not False))
+        self.async_scheduling = bool(kernel.resolved().async_scheduling)
+        self.max_model_len = int(s.get("max_model_len", eng.max_model_len or 0)) or None
+        self.kernel = kernel
+        self._pages_for: dict[int, int] = {}
+        # For a plain paged KV cache a page holds block_size tokens exactly; then the page
+        # count is arithmetic and the kernel is asked only to confirm it.
+        self._linear = all(kernel.sequence_variable_bytes(n) == -(-n // self.block_size)
+                           * self.page_bytes for n in (1, self.block_size + 1, 1000, 4097))
+
+    @classmethod
+    def manual(cls, *, block_size: int = 16, max_num_batched_tokens: int = 8192,
+               max_num_seqs: int = 256, pages: int = 1000, prefix_caching: bool = True,
+               async_scheduling: bool = False, max_model_len: int | None = None
+               ) -> "PoolLimits":
+        """Limits without a kernel (a paged cache of ``pages`` blocks): for tests and
+        for studying the scheduler alone."""
+        lim = cls.__new__(cls)
+        lim.block_size, lim.max_num_batched_tokens = block_size, max_num_batched_tokens
+        lim.max_num_seqs, lim.pages, lim.fixed_pages = max_num_seqs, pages, 0
+        lim.page_bytes = 0
+        lim.prefix_caching, lim.async_scheduling = prefix_caching, async_scheduling
+        lim.max_model_len, lim.kernel, lim._pages_for, lim._linear = (max_model_len, None,
+                                                                       {}, True)
+        return lim
+
+    def pages_for(self, tokens: int) -> int:
+        """KV pages a sequence of ``tokens`` tokens holds (memory.md §5)."""
+        if self._linear:
+            return -(-tokens // self.block_size)
+        p = self._pages_for.get(tokens)
+        if p is None:
+            p = -(-self.kernel.sequence_variable_bytes(tokens) // self.page_bytes)
+            self._pages_for[tokens] = p
+        return p
+
+
+class Replica:
+    """One replica's queues and KV blocks (each data-parallel replica has its own)."""
+
+    def __init__(self, limits: PoolLimits):
+        self.lim = limits
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.free_pages = limits.pages
+        self.cache: dict = {}                     # hash -> references by live requests
+        self.evictable: OrderedDict = OrderedDict()   # cached hashes nobody references
+        self.preemptions = 0
+
+    # -- blocks ------------------------------------------------------------------------
+    def available(self) -> int:
+        """Blocks a new allocation may take: free plus cached-but-unreferenced."""
+        return self.free_pages + len(self.evictable)
+
+    def usage(self) -> float:
+        """Fraction of the KV cache in use (vLLM's ``kv_cache_usage``)."""
+        return 1.0 - self.available() / self.lim.pages if self.lim.pages else 0.0
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _take(self, n: int) -> None:
+        take = min(n, self.free_pages)
+        self.free_pages -= take
+        for _ in range(n - take):                 # evict the least recently freed
+            h, _ = self.evictable.popitem(last=False)
+            del self.cache[h]
+
+    def _grow(self, seq: Seq, tokens: int) -> bool:
+        need = self.lim.pages_for(tokens) - seq.pages
+        if seq.pages == 0 and self.lim.fixed_pages:
+            need += self.lim.fixed_pages          # recurrent state, charged at admission
+        if need <= 0:
+            return True
+        if need > self.available():
+            return False
+        self._take(need)
+        seq.pages += need
+        return True
+
+    def _lookup(self, seq: Seq) -> list:
+        """Cached prefix blocks of ``seq`` (vLLM: at most num_tokens − 1 tokens hit)."""
+        if not (self.lim.prefix_caching and seq.hashes):
+            return []
+        limit = (seq.num_tokens - 1) // self.lim.block_size
+        hits = []
+        for h in seq.hashes[:limit]:
+            if h not in self.cache:
+                break
+            hits.append(h)
+        return hits
+
+    def _register(self, seq: Seq) -> None:
+        """Full prompt blocks now computed become cached under their hashes."""
+        full = min(seq.computed // self.lim.block_size, len(seq.hashes))
+        for h in seq.hashes[len(seq.held):full]:
+            if h in self.cache:
+                # Another request computed the same block meanwhile: vLLM keeps both
+                # copies; this one stays private and is not cached twice.
+                break
+            self.cache[h] = 1
+            seq.held.append(h)
+
+    def release(self, seq: Seq) -> None:
+        """Free ``seq``'s blocks; its cached blocks stay cached until evicted."""
+        private = seq.pages - len(seq.held)
+        for h in seq.held:
+            refs = self.cache[h] - 1
+            self.cache[h] = refs
+            if refs == 0:
+                self.evictable[h] = None
+        self.free_pages += private
+        seq.pages = 0
+        seq.held = []
+
+    def _preempt(self, seq: Seq) -> None:
+        """RECOMPUTE preemption (vLLM v0.31.0 v1's only mode): free, reset, requeue first."""
+        self.release(seq)
+        seq.computed = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- one schedule --------------------------------------------------------------------
+    def schedule(self, budget: int | None = None) -> list:
+        """Form one step's batch: ``[(seq, tokens, computed_before, samples)]``.
+
+        ``samples`` is True when the step completes the request's known tokens, i.e. it
+        samples a token (a partial prefill chunk samples nothing). The bookkeeping is
+        advanced as vLLM does it at schedule time.
+        """
+        lim = self.lim
+        budget = lim.max_num_batched_tokens if budget is None else budget
+        sched: list = []
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            if seq.done:                          # its last token is in flight (async)
+                i += 1
+                continue
+            n = min(seq.num_tokens - seq.computed, budget)
+            if n <= 0:
+                i += 1
+                continue
+            scheduled = True
+            while not self._grow(seq, seq.computed + n):
+                victim = running.pop()            # FCFS: the last admitted goes first
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            sched.append((seq, n))
+            budget -= n
+            i += 1
+        # vLLM v0.31.0: no new request is admitted in a step that preempted one.
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < lim.max_num_seqs:
+                seq = waiting[0]
+                hits: list = []
+                if seq.computed == 0 and seq.pages == 0:
+                    hits = self._lookup(seq)
+                if hits:
+                    hit_tokens = len(hits) * lim.block_size
+                    n = min(seq.num_tokens - hit_tokens, budget)
+                    touched = sum(1 for h in hits if h in self.evictable)
+                    need = lim.pages_for(hit_tokens + n) - len(hits) + lim.fixed_pages
+                    if need > self.available() - touched:
+                        break
+                    for h in hits:
+                        if h in self.evictable:
+                            del self.evictable[h]
+                        self.cache[h] = self.cache.get(h, 0) + 1
+                    seq.held = list(hits)
+                    seq.pages = len(hits)
+                    seq.computed = hit_tokens
+                    seq.cached_tokens = max(seq.cached_tokens, hit_tokens)
+                    self._take(need)
+                    seq.pages += need
+                else:
+                    n = min(seq.num_tokens - seq.computed, budget)   # chunked prefill
+                    if not self._grow(seq, seq.computed + n):
+                        break
+                waiting.popleft()
+                running.append(seq)
+                sched.append((seq, n))
+                budget -= n
+        out = []
+        for seq, n in sched:
+            before = seq.computed
+            seq.computed = before + n
+            samples = seq.computed == seq.num_tokens
+            if samples:
+                seq.sampled += 1
+                seq.num_tokens += 1               # the sampled token (a placeholder until
+                if seq.sampled >= seq.wanted:     # its step ends)
+                    seq.done = True
+            if seq.hashes and self.lim.prefix_caching:
+                self._register(seq)
+            out.append((seq, n, before, samples))
+        return out
+
+    def remove(self, seq: Seq) -> None:
+        """Take a finished request out of ``running`` (its blocks are released apart)."""
+        self.running.remove(seq)

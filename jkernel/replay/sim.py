@@ -1,0 +1,273 @@
+"""The replay's event loop: pools of engines stepping their schedulers, priced by kernels.
+
+Time is an integer count of microseconds. Each engine step lasts its batch's ``expected_s``
+(``clock="no_overlap_s"`` for reference parity), rounded half up, at least one tick. Around
+the step (methods.md), per request:
+
+* it becomes schedulable ``admission_overhead(prompt)`` after it reaches a pool;
+* each sampled token reaches the client ``output_token_overhead()`` after the step ends;
+* a finished request adds ``completion_overhead()`` to its end-to-end latency (not to TTFT);
+* disaggregated: when the prefill pool has computed the prompt (its sampled token is
+  discarded), the KV cache moves to a decode engine in ``pd_transfer_time`` (priced on the
+  prefill kernel, D26); the prefill engine holds the blocks until the transfer is done; the
+  decode engine recomputes the last prompt token and samples every output token.
+
+When a step is scheduled (vLLM v0.31.0's engine core):
+
+* synchronous scheduling: when the previous step's outputs are processed, i.e. at its end;
+  requests that became ready by then are admitted;
+* asynchronous scheduling (``async_scheduling``, on by default in v0.31.0): step N+1 is
+  scheduled while step N runs, right after step N is launched (the batch queue holds two
+  steps), so a request that becomes ready during step N first runs in step N+2; a request
+  that finished in step N still holds its blocks and its ``max_num_seqs`` slot when N+1 is
+  scheduled (its outputs are processed at the end of N). If nothing could be scheduled
+  ahead, the engine schedules again at the end of the step.
+
+Engines: a pool holds ``settings["engines"]`` identical engines; a request is routed, when
+it becomes ready, to the engine and then the replica with the fewest outstanding requests
+(vLLM's data-parallel coordinator balances by queue length). The replicas of one engine step
+in lockstep, each padded to the busiest one's token count (``pad_tokens``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from ..batch import Batch
+from ..overheads import Placement
+from .scheduler import PoolLimits, Replica, Seq
+
+__all__ = ["Pool", "Engine", "Simulation", "ticks", "step_ticks"]
+
+US_PER_S = 1_000_000
+_ARRIVE, _STEP_END, _XFER_DONE = 0, 1, 2
+
+
+def ticks(seconds: float) -> int:
+    """Seconds as whole microseconds, rounded half up."""
+    return int(math.floor(seconds * US_PER_S + 0.5))
+
+
+def step_ticks(seconds: float) -> int:
+    """A step's duration in ticks: at least one, so the clock always moves."""
+    return max(1, ticks(seconds))
+
+
+class Engine:
+    """One engine of a pool: its replicas, the step in flight and (async) the next one."""
+
+    __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next")
+
+    def __init__(self, pool: "Pool", index: int, node: int):
+        self.pool = pool
+        self.index = index
+        self.node = node
+        self.replicas = [Replica(pool.limits) for _ in range(pool.dp)]
+        self.busy = False
+        self.inflight = None
+        self.next = None
+
+    def outstanding(self) -> int:
+        return sum(r.outstanding() for r in self.replicas)
+
+    def least_loaded_replica(self) -> Replica:
+        return min(self.replicas, key=Replica.outstanding)
+
+
+class Pool:
+    """One pool: its kernel, scheduler limits, engines and the around-the-step overheads."""
+
+    def __init__(self, kernel, *, name: str = "", first_node: int = 0,
+                 clock: str = "expected_s"):
+        if clock not in ("expected_s", "no_overlap_s"):
+            raise ValueError(f"clock must be 'expected_s' or 'no_overlap_s', not {clock!r}")
+        self.kernel = kernel
+        self.name = name or kernel.deployment().role
+        self.clock = clock
+        self.limits = PoolLimits(kernel)
+        s = kernel.settings
+        self.decode_threshold = int(s.get("decode_threshold", 1))
+        self.dp = kernel.resolved().data_parallel()
+        gpn = kernel.inputs.scenario.cluster.gpus_per_node
+        engine_gpus = int(s.get("engine_gpus", 1))
+        count = max(1, int(s.get("engines", 1)))
+        self.engines = [Engine(self, e, first_node + e * engine_gpus // gpn)
+                        for e in range(count)]
+        self.nodes = kernel.deployment().nodes
+        self.output_token_us = ticks(kernel.output_token_overhead())
+        self.completion_us = ticks(kernel.completion_overhead())
+        self._admission: dict[int, int] = {}
+        self._price: dict = {}
+        self.steps = 0
+
+    def admission_us(self, prompt: int) -> int:
+        us = self._admission.get(prompt)
+        if us is None:
+            us = self._admission[prompt] = ticks(self.kernel.admission_overhead(prompt))
+        return us
+
+    def least_loaded_engine(self) -> Engine:
+        return min(self.engines, key=Engine.outstanding)
+
+    def price(self, per_replica: list) -> int:
+        """One engine step over its replicas' batches, in ticks; the slowest replica sets it."""
+        tokens = [sum(x[1] for x in b) for b in per_replica]
+        top = max(tokens)
+        worst = 0.0
+        k = self.kernel
+        for b, t in zip(per_replica, tokens):
+            pad = top - t if self.dp > 1 else 0
+            if not b and pad == 0:
+                continue
+            batch = Batch([x[1] for x in b], [x[2] for x in b],
+                          decode_threshold=self.decode_threshold, pad_tokens=pad)
+            worst = max(worst, getattr(k.step_time(batch), self.clock))
+        return step_ticks(worst)
+
+
+class Simulation:
+    """Replay ``requests`` through ``pools`` (one colocated pool, or prefill then decode).
+
+    ``arrival_us``, ``prompt``, ``output``: int arrays, one entry per request (only the
+    accepted ones are replayed); ``hashes``: per request, a tuple of prompt-block hashes.
+    """
+
+    def __init__(self, pools: list[Pool], arrival_us, prompt, output, hashes=None,
+                 *, progress=None):
+        self.pools = pools
+        self.disaggregated = len(pools) == 2
+        self.arrival_us = np.asarray(arrival_us, np.int64)
+        self.prompt = np.asarray(prompt, np.int64)
+        self.output = np.asarray(output, np.int64)
+        n = len(self.arrival_us)
+        self.hashes = hashes if hashes is not None else [()] * n
+        self.n = n
+        self.first_us = [-1] * n
+        self.finish_us = [-1] * n
+        self.tokens_us: list[list[int]] = [[] for _ in range(n)]
+        self.preemptions = [0] * n
+        self.cached_tokens = [0] * n
+        self.step_log: list[tuple] = []
+        self.kv_usage_peak = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self._progress = progress
+        self._done = 0
+
+    # -- events --------------------------------------------------------------------------
+    def _push(self, t: int, kind: int, obj) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, obj))
+
+    def run(self) -> "Simulation":
+        entry = self.pools[0]
+        lim = entry.limits
+        for rid in range(self.n):
+            p = int(self.prompt[rid])
+            wanted = 1 if self.disaggregated else int(self.output[rid])
+            seq = Seq(rid, p, wanted, prefill_only=self.disaggregated,
+                      hashes=self.hashes[rid] if lim.prefix_caching else ())
+            self._push(int(self.arrival_us[rid]) + entry.admission_us(p), _ARRIVE,
+                       (entry, None, seq))
+        heap = self._heap
+        pop = heapq.heappop
+        while heap:
+            t, kind, _, obj = pop(heap)
+            if kind == _STEP_END:
+                self._step(obj, t)
+            elif kind == _ARRIVE:
+                pool, engine, seq = obj
+                if engine is None:
+                    engine = pool.least_loaded_engine()
+                replica = engine.least_loaded_replica()
+                seq.replica = replica
+                replica.waiting.append(seq)
+                if not engine.busy:
+                    self._step(engine, t)
+            else:                                  # a KV transfer has landed
+                seq, engine = obj
+                seq.replica.release(seq)
+                dec = self.pools[1]
+                dseq = Seq(seq.rid, seq.prompt, int(self.output[seq.rid]),
+                           computed=seq.prompt - 1)
+                dseq.preemptions = seq.preemptions
+                self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
+        if self._progress is not None:
+            self._progress.close()
+        return self
+
+    def _schedule(self, engine: Engine):
+        per = [r.schedule() for r in engine.replicas]
+        return per if any(per) else None
+
+    def _step(self, engine: Engine, t: int) -> None:
+        """End of ``engine``'s step at ``t`` (or a wake-up): outputs, then the next step."""
+        if engine.inflight is not None:
+            self._outputs(engine, engine.inflight, t)
+            engine.inflight = None
+        pool = engine.pool
+        if pool.limits.async_scheduling and engine.next is not None:
+            cur, engine.next = engine.next, None
+        else:
+            cur = self._schedule(engine)
+        if cur is None:
+            engine.busy = False
+            return
+        dur = pool.price(cur)
+        engine.busy = True
+        engine.inflight = cur
+        self._push(t + dur, _STEP_END, engine)
+        pool.steps += 1
+        usage = max(r.usage() for r in engine.replicas)
+        if usage > self.kv_usage_peak:
+            self.kv_usage_peak = usage
+        nreq = sum(len(b) for b in cur)
+        tok = sum(x[1] for b in cur for x in b)
+        pre = sum(x[1] for b in cur for x in b if x[1] > pool.decode_threshold)
+        self.step_log.append((pool.name, engine.index, t, dur, nreq, tok, pre, usage))
+        if pool.limits.async_scheduling:
+            engine.next = self._schedule(engine)
+
+    def _outputs(self, engine: Engine, per: list, t: int) -> None:
+        pool = engine.pool
+        tok_us = t + pool.output_token_us
+        for replica, items in zip(engine.replicas, per):
+            for seq, _n, _before, samples in items:
+                if not samples:
+                    continue
+                rid = seq.rid
+                if seq.prefill_only:
+                    # The prefill pool's token is discarded; the KV cache moves on.
+                    self._leave(replica, seq)
+                    self.preemptions[rid] = seq.preemptions
+                    self.cached_tokens[rid] = seq.cached_tokens
+                    dst = self.pools[1].least_loaded_engine()
+                    xfer = ticks(pool.kernel.pd_transfer_time(
+                        seq.prompt, Placement(node=engine.node), Placement(node=dst.node)))
+                    seq.replica = replica
+                    self._push(t + xfer, _XFER_DONE, (seq, dst))
+                    continue
+                times = self.tokens_us[rid]
+                if not times:
+                    self.first_us[rid] = tok_us
+                times.append(tok_us)
+                if len(times) >= self.output[rid]:
+                    self.finish_us[rid] = tok_us + pool.completion_us
+                    self.preemptions[rid] = seq.preemptions
+                    if not self.disaggregated:
+                        self.cached_tokens[rid] = seq.cached_tokens
+                    replica.release(seq)
+                    self._leave(replica, seq)
+                    self._done += 1
+                    if self._progress is not None:
+                        self._progress.update(1)
+
+    @staticmethod
+    def _leave(replica: Replica, seq: Seq) -> None:
+        if seq in replica.running:
+            replica.running.remove(seq)
+        elif seq in replica.waiting:               # preempted with its last token in flight
+            replica.waiting.remove(seq)

@@ -1,0 +1,259 @@
+"""The replay end to end: timelines priced by the kernel, the resolved settings it obeys,
+rejections, bad input, and the ``jkernel replay`` command on a committed excerpt."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import jkernel
+from jkernel import cli
+from jkernel.replay import load_requests, replay, replay_disaggregated
+from jkernel.replay.sim import step_ticks, ticks
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data" / "residency-vllm"
+QWEN = ROOT / "catalog" / "scenarios" / "qwen3-14b-h100-tp1.yaml"
+DISAGG = ROOT / "catalog" / "scenarios" / "llama-3.1-70b-h200-disagg.yaml"
+
+
+def bundle_with(tmp: Path, source: Path = QWEN, **engine) -> Path:
+    scenario, deployment = yaml.safe_load_all(source.read_text())
+    deployment["pools"][0].setdefault("engine", {}).update(engine)
+    out = tmp / ("-".join(f"{k}-{v}" for k, v in engine.items()) + ".yaml")
+    out.write_text(yaml.safe_dump_all([scenario, deployment], sort_keys=False))
+    return out
+
+
+@lru_cache(maxsize=None)
+def qwen(**engine) -> jkernel.Kernel:
+    if not engine:
+        return jkernel.open(QWEN)
+    import tempfile
+
+    return jkernel.open(bundle_with(Path(tempfile.mkdtemp()), **engine))
+
+
+def table(rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["request_id", "arrival_s", "input_tokens",
+                                       "output_tokens"])
+
+
+def us(k, prompt, computed):
+    return step_ticks(k.step_time(jkernel.Batch(prompt, computed)).expected_s)
+
+
+# -- timelines ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("async_", [True, False])
+def test_one_request_is_priced_step_by_step(async_):
+    k = qwen() if async_ else qwen(async_scheduling=False)
+    assert k.resolved().async_scheduling is async_
+    prompt, out = 300, 4
+    res = replay(k, table([(7, 0.0, prompt, out)]))
+    r = res.requests.iloc[0]
+    adm = ticks(k.admission_overhead(prompt))
+    steps = [us(k, [prompt], [0])] + [us(k, [1], [prompt + i]) for i in range(out - 1)]
+    tok = ticks(k.output_token_overhead())
+    assert r.request_id == 7 and not r.rejected and r.preemptions == 0
+    assert round(r.ttft_s * 1e6) == adm + steps[0] + tok
+    assert round(r.e2e_s * 1e6) == adm + sum(steps) + tok + ticks(k.completion_overhead())
+    assert r.itl_mean_s == pytest.approx(sum(steps[1:]) / (out - 1) / 1e6, abs=1e-6)
+    assert res.summary["steps"] == out == len(res.steps)
+    assert np.allclose(res.itl_gaps_s * 1e6, steps[1:], atol=0.5)
+
+
+def test_an_idle_gap_leaves_the_engine_idle_and_costs_nothing():
+    k = qwen()
+    res = replay(k, table([(0, 0.0, 200, 3), (1, 100.0, 200, 3)]))
+    a, b = res.requests.itertuples()
+    assert a.ttft_s == pytest.approx(b.ttft_s, abs=1e-6)       # no queueing after the gap
+    assert a.e2e_s == pytest.approx(b.e2e_s, abs=1e-6)
+    assert res.summary["steps"] == 6
+    st = res.steps
+    assert st.start_s.iloc[3] == pytest.approx(100.0 + ticks(k.admission_overhead(200)) / 1e6)
+
+
+def test_async_scheduling_admits_a_request_one_step_later():
+    """A request that becomes ready while step N runs: synchronous scheduling runs it in step
+    N+1; asynchronous scheduling had already scheduled N+1 when N started, so N+2."""
+    rows = [(0, 0.0, 4000, 20), (1, 0.001, 500, 2)]
+    starts = {}
+    for async_ in (False, True):
+        k = qwen() if async_ else qwen(async_scheduling=False)
+        res = replay(k, table(rows))
+        # The step in which request 1's prompt first runs: the first with 500 + tokens.
+        st = res.steps
+        first = st.index[st.prefill_tokens > 0][1]
+        starts[async_] = int(first)
+    assert starts == {False: 1, True: 2}
+
+
+def test_token_budget_and_max_num_seqs_bound_every_step():
+    k = qwen(max_num_seqs=4, max_num_batched_tokens=512)
+    assert k.settings["max_num_seqs"] == 4 and k.settings["max_num_batched_tokens"] == 512
+    res = replay(k, table([(i, 0.0, 300, 8) for i in range(10)]))
+    assert res.summary["completed"] == 10
+    assert res.steps.requests.max() == 4
+    assert res.steps.tokens.max() <= 512
+    assert (res.steps.tokens == 512).any()                    # chunked prefill fills it
+
+
+def test_preemption_when_the_cache_is_small(tmp_path):
+    base = qwen()
+    util = (base.fixed_bytes().total() + 200.5 * base.page_bytes()) / \
+        base.inputs.chip.memory_bytes
+    # vLLM refuses to start when one max_model_len sequence cannot fit the cache.
+    refused = jkernel.open(bundle_with(tmp_path, gpu_memory_utilization=round(util, 6)))
+    with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):
+        replay(refused, table([(0, 0.0, 10, 2)]))
+    tight = jkernel.open(bundle_with(tmp_path, gpu_memory_utilization=round(util, 6),
+                                     max_model_len=3000))
+    assert 150 <= tight.kv_cache_pages() <= 250
+    burst = table([(i, 0.0, 512, 128) for i in range(16)])   # 16 · 640 tokens ≫ 200 pages
+    roomy, squeezed = replay(base, burst), replay(tight, burst)
+    assert roomy.summary["preemptions"] == 0
+    assert squeezed.summary["preemptions"] > 0
+    assert squeezed.requests.preemptions.sum() == squeezed.summary["preemptions"]
+    assert squeezed.summary["completed"] == 16
+    assert squeezed.summary["kv_usage_peak"] > 0.9 > roomy.summary["kv_usage_peak"]
+    assert squeezed.summary["e2e_mean_s"] > roomy.summary["e2e_mean_s"]
+
+
+def test_prefix_caching_hits_a_shared_prefix():
+    k = qwen()
+    reqs = table([(0, 0.0, 1000, 2), (1, 5.0, 1000, 2), (2, 10.0, 1000, 2)])
+    reqs["prefix_group"] = ["g", "g", ""]
+    reqs["prefix_length"] = [800, 800, 0]
+    res = replay(k, reqs).requests
+    assert list(res.cached_tokens) == [0, 800, 0]
+    assert res.ttft_s[1] < res.ttft_s[0] == pytest.approx(res.ttft_s[2], abs=1e-6)
+    off = replay(qwen(enable_prefix_caching=False), reqs).requests
+    assert list(off.cached_tokens) == [0, 0, 0]
+
+
+def test_disaggregated_pair_flow():
+    pre, dec = jkernel.open_pool(DISAGG, "prefill"), jkernel.open_pool(DISAGG, "decode")
+    prompt = 1000
+    res = replay_disaggregated(pre, dec, table([(0, 0.0, prompt, 3)]))
+    r = res.requests.iloc[0]
+    xfer = ticks(pre.pd_transfer_time(prompt, jkernel.Placement(node=0),
+                                      jkernel.Placement(node=1)))
+    assert xfer > 0
+    expect = (ticks(pre.admission_overhead(prompt)) + us(pre, [prompt], [0]) + xfer
+              + ticks(dec.admission_overhead(prompt)) + us(dec, [1], [prompt - 1])
+              + ticks(dec.output_token_overhead()))
+    assert round(r.ttft_s * 1e6) == expect
+    assert set(res.steps.pool) == {"prefill", "decode"}
+    assert (res.steps.pool == "prefill").sum() == 1 and (res.steps.pool == "decode").sum() == 3
+
+
+def test_a_run_is_deterministic_and_keeps_up_below_saturation():
+    rng = np.random.default_rng(3)
+    n = 150
+    arr = np.cumsum(rng.exponential(1 / 4.0, n))
+    reqs = table([(i, a, int(p), 32) for i, (a, p) in
+                  enumerate(zip(arr, rng.integers(500, 1500, n)))])
+    a, b = replay(qwen(), reqs), replay(qwen(), reqs)
+    assert a.summary == b.summary
+    assert a.summary["completed"] == n and a.summary["rejected"] == 0
+    assert a.summary["requests_per_s"] == pytest.approx(4.0, rel=0.25)
+    s = a.summary
+    assert 0 < s["ttft_p50_s"] <= s["ttft_p90_s"] <= s["ttft_p99_s"]
+    assert s["itl_p50_s"] <= s["itl_p90_s"] and s["e2e_mean_s"] > s["ttft_mean_s"]
+
+
+# -- rejections and bad input ----------------------------------------------------------------
+
+def test_a_request_longer_than_max_model_len_is_rejected_and_counted():
+    k = qwen()
+    reqs = table([(0, 0.0, 100, 4), (1, 0.1, 40_900, 100), (2, 0.2, 100, 4)])
+    res = replay(k, reqs)
+    t = res.requests
+    assert list(t.request_id) == [0, 1, 2]                     # nothing dropped
+    assert list(t.rejected) == [False, True, False]
+    assert "max_model_len" in t.reject_reason[1] and "40960" in t.reject_reason[1]
+    assert np.isnan(t.ttft_s[1]) and np.isnan(t.e2e_s[1])
+    assert res.summary["rejected"] == 1 and res.summary["completed"] == 2
+
+
+def test_missing_column_names_the_column_and_the_file(tmp_path):
+    p = tmp_path / "reqs.csv"
+    table([(0, 0.0, 10, 2)]).drop(columns="output_tokens").to_csv(p, index=False)
+    with pytest.raises(ValueError, match=r"reqs\.csv.*'output_tokens'"):
+        load_requests(p)
+
+
+@pytest.mark.parametrize("value, what", [(-5, "≥ 1"), (2.5, "whole"), (None, "missing")])
+def test_bad_token_counts_name_the_row(tmp_path, value, what):
+    df = table([(0, 0.0, 10, 2), (1, 1.0, 10, 2), (2, 2.0, 10, 2)])
+    df["input_tokens"] = df["input_tokens"].astype(object)
+    df.loc[2, "input_tokens"] = value
+    p = tmp_path / "bad.csv"
+    df.to_csv(p, index=False)
+    with pytest.raises(ValueError, match=r"bad\.csv.*'input_tokens'") as e:
+        load_requests(p)
+    assert what in str(e.value) and "row 2" in str(e.value)
+
+
+def test_unsorted_arrivals_are_sorted_stably_and_said_so():
+    df = table([(0, 2.0, 10, 2), (1, 1.0, 10, 2), (2, 1.0, 11, 2)])
+    got = load_requests(df)
+    assert list(got.request_id) == [1, 2, 0] and got.attrs["sorted"] is True
+    res = replay(qwen(), df).requests
+    assert list(res.request_id) == [1, 2, 0] and res.e2e_s.notna().all()
+
+
+def test_arrival_time_us_and_duplicate_ids():
+    df = pd.DataFrame({"request_id": [0, 1], "arrival_time_us": [0, 1_500_000],
+                       "input_tokens": [10, 10], "output_tokens": [2, 2]})
+    assert list(load_requests(df).arrival_s) == [0.0, 1.5]
+    df["request_id"] = [3, 3]
+    with pytest.raises(ValueError, match="repeats"):
+        load_requests(df)
+
+
+def test_client_trace_reads_send_time_and_server_tokens():
+    reqs = load_requests(DATA / "agg_2rps_head.csv")
+    raw = pd.read_csv(DATA / "agg_2rps_head.csv")
+    # The client logs requests in issue order; a few were sent out of order (tenants'
+    # threads), so the table comes back sorted by send time.
+    assert not raw.send_time_us.is_monotonic_increasing and reqs.attrs["sorted"]
+    raw = raw.sort_values("send_time_us", kind="stable")
+    assert list(reqs.request_id) == list(raw.request_id)
+    assert len(reqs) == len(raw) == 60
+    assert reqs.arrival_s.iloc[0] == 0.0
+    assert list(reqs.input_tokens) == list(raw.server_input_tokens)
+    assert np.allclose(reqs.arrival_s, (raw.send_time_us - raw.send_time_us.min()) / 1e6)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_cli_replays_the_committed_excerpt(tmp_path, capsys, suffix):
+    out = tmp_path / f"out{suffix}"
+    rc = cli.main(["replay", "qwen3-14b-h100-tp1", "--requests",
+                   str(DATA / "agg_2rps_head.csv"), "--out", str(out), "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for word in ("TTFT", "ITL", "E2E", "p99", "steps", "KV usage peak", "throughput"):
+        assert word in text
+    got = pd.read_csv(out) if suffix == ".csv" else pd.read_parquet(out)
+    assert len(got) == 60
+    for col in ("request_id", "ttft_s", "e2e_s", "itl_mean_s", "preemptions", "rejected"):
+        assert col in got.columns
+    assert got.ttft_s.gt(0).all() and (got.e2e_s > got.ttft_s).all()
+
+
+def test_cli_names_a_missing_column(tmp_path, capsys):
+    p = tmp_path / "x.csv"
+    pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "input_tokens": [4]}).to_csv(p)
+    rc = cli.main(["replay", "qwen3-14b-h100-tp1", "--requests", str(p)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "x.csv" in err and "output_tokens" in err

@@ -55,7 +55,8 @@ from .errors import Refusal
 
 __all__ = ["Fleet", "Workload", "PoolSpec", "Candidate", "PlanResult", "fleet",
            "enumerate_candidates", "build_pool", "prescreen", "replay_candidate", "workload",
-           "evaluate", "pareto_front", "rank", "plan", "plot_front", "COEFFICIENT_SETS"]
+           "evaluate", "pareto_front", "rank", "plan", "plot_front", "format_table",
+           "replay_figures", "screen_pool", "pool_key", "COEFFICIENT_SETS"]
 
 #: The coefficient sets a planned scenario lists, in the shipped scenarios' order.
 COEFFICIENT_SETS = ("cost-model-primitives", "cost-model-collectives",
@@ -99,7 +100,7 @@ class Workload:
     concurrency: int = 0
     ttft_s: float = 0.0
     itl_s: float = 0.0
-    requests_per_replica: int = 200
+    requests: int = 400
     seed: int = 0
 
 
@@ -350,6 +351,10 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
 # Pre-screen by bulk pricing
 # ---------------------------------------------------------------------------------------
 
+#: Rows of every pre-screen batch (vLLM v0.31.0's largest default max_num_seqs is 1024).
+_WIDTH = 1024
+
+
 def _grid(b_max: int) -> np.ndarray:
     g = np.unique(np.round(np.geomspace(1, max(b_max, 1), 28)).astype(np.int64))
     return g[g >= 1]
@@ -357,7 +362,11 @@ def _grid(b_max: int) -> np.ndarray:
 
 def _price_rows(k, rows: list[list[tuple[int, int]]]):
     """Price batches given as lists of (scheduled, computed) rows with one bulk call."""
-    width = max(len(r) for r in rows)
+    from .batch import bucket_for
+
+    # One width for every pool of a plan (prefill, decode or colocated): the bulk program
+    # compiles once per (plan, width), and compiling dominates a pool's screen.
+    width = bucket_for(max(_WIDTH, max(len(r) for r in rows)), k.buckets)
     s = np.zeros((len(rows), width), np.int32)
     c = np.zeros((len(rows), width), np.int32)
     for j, r in enumerate(rows):
@@ -375,37 +384,37 @@ def _resource(index: int) -> str:
 def _colocated_screen(k, wl: Workload) -> dict:
     """Steady state of one colocated replica over a grid of running batch sizes ``B``.
 
-    A step holds ``B`` decode rows at the mean context ``isl + osl/2`` plus the prefill that
-    keeps the batch fed (``B·isl/osl`` tokens, each request's prompt spread over its
-    answer), within the ``max_num_batched_tokens`` budget; a second batch per ``B`` holds a
-    full prefill chunk beside the decodes, which sets the chunked prefill's TTFT estimate
-    ``ceil(isl / chunk) · t``.
+    Three batches per ``B``, priced in one bulk call:
+
+    * *steady*: ``B`` decode rows at the mean context ``isl + osl/2`` plus the prefill that
+      keeps the batch fed (``B·isl/osl`` tokens: each prompt spread over its answer's
+      steps), within the ``max_num_batched_tokens`` budget: the replica's output rate
+      ``min(B, fed) / t``;
+    * *decode*: the ``B`` decode rows alone, the gap between most tokens (ITL estimate);
+    * *chunk*: the decodes beside a full prefill chunk: TTFT ≈ ``ceil(isl / chunk) · t``.
     """
     st = k.settings
     budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
     per_req = _pages_per_request(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
-    b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1))
+    b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
     grid = _grid(b_max)
     ctx = wl.isl + wl.osl // 2
-    steady, chunked, fed = [], [], []
+    steady, decode, chunked, fed, chunks = [], [], [], [], []
     for b in grid:
         b = int(b)
-        p = min(b * wl.isl / wl.osl, budget - b)
-        pre = int(round(p))
-        rows = [(1, ctx)] * b + ([(pre, wl.isl // 2)] if pre > 0 else [])
-        steady.append(rows)
+        pre = int(round(min(b * wl.isl / wl.osl, budget - b)))
+        steady.append([(1, ctx)] * b + ([(pre, wl.isl // 2)] if pre > 0 else []))
+        decode.append([(1, ctx)] * b)
         chunk = max(1, min(budget - b, wl.isl))
         chunked.append([(1, ctx)] * b + [(chunk, 0)])
+        chunks.append(math.ceil(wl.isl / chunk))
         fed.append(min(float(b), pre * wl.osl / wl.isl))
-    est = _price_rows(k, steady + chunked)
+    est = _price_rows(k, steady + decode + chunked)
     n = len(grid)
-    t = np.asarray(est.expected_s[:n], float)
-    t_chunk = np.asarray(est.expected_s[n:], float)
-    chunks = np.array([math.ceil(wl.isl / max(1, min(budget - int(b), wl.isl))) for b in grid])
-    out_tok_s = np.asarray(fed) / t                  # output tokens/s of the replica
-    ttft_est = chunks * t_chunk
-    return {"grid": grid, "itl": t, "ttft": ttft_est, "out_tok_s": out_tok_s,
+    t = np.asarray(est.expected_s, float)
+    return {"grid": grid, "itl": t[n:2 * n], "ttft": np.asarray(chunks) * t[2 * n:],
+            "out_tok_s": np.asarray(fed) / t[:n],
             "bottleneck": np.asarray(est.bottleneck[:n]), "b_max": b_max,
             "kv_tokens": kv_pages * k.plan.block_size}
 
@@ -450,26 +459,59 @@ def _replicas(p: PoolSpec, gpn: int) -> int:
     return (p.nodes * gpn) // p.tp
 
 
-def prescreen(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None) -> dict:
+def pool_key(cand: Candidate, index: int) -> tuple:
+    """What a pool's screen depends on: its role, nodes, widths and the dtypes."""
+    p = cand.pools[index]
+    return (cand.model, cand.fleet, p, cand.quantization, cand.kv_dtype)
+
+
+def screen_pool(cand: Candidate, index: int, wl: Workload,
+                repos: _catalog.Repos | None = None) -> dict:
+    """Build pool ``index`` of ``cand`` and price its steady state in one bulk call:
+    ``{"refused": reason}`` or the role's screen (see the ``_*_screen`` functions)."""
+    try:
+        k = build_pool(cand, index, wl, repos)
+    except Refusal as exc:
+        return {"refused": f"[{exc.code}] {exc.field + ': ' if exc.field else ''}"
+                           f"{exc.reason}"}
+    role = cand.pools[index].role
+    if role == "colocated":
+        out = _colocated_screen(k, wl)
+    elif role == "decode":
+        out = _decode_screen(k, wl)
+    else:
+        from .overheads import Placement
+
+        out = _prefill_screen(k, wl)
+        # the KV of one prompt to the decode pool, whose nodes follow the prefill pool's
+        out["xfer_s"] = k.pd_transfer_time(wl.isl, Placement(node=0),
+                                           Placement(node=cand.pools[index].nodes))
+    out["refused"] = ""
+    return out
+
+
+def prescreen(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None,
+              screens: Sequence[dict] | None = None) -> dict:
     """Build every pool of ``cand`` and estimate its steady state; a row of the table.
 
-    Returns ``refused`` (the reason, "" if built), ``tok_s_gpu`` (output tokens/s per GPU
-    under the SLA, steady state), ``capacity_tok_s_gpu`` (without the SLA), estimated ITL
-    and TTFT at the load, the bottleneck resource and KV capacity (tokens per replica).
+    ``screens``: the pools' :func:`screen_pool` results when already computed. Returns
+    ``refused`` (the reason, "" if built), ``tok_s_gpu`` (output tokens/s per GPU under the
+    SLA, steady state), ``capacity_tok_s_gpu`` (without the SLA), estimated ITL and TTFT at
+    the load, the bottleneck resource and KV capacity (tokens per replica).
     """
     row = _row_head(cand)
-    try:
-        kernels = [build_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
-    except Refusal as exc:
-        row["refused"] = f"[{exc.code}] {exc.field + ': ' if exc.field else ''}{exc.reason}"
-        return row
+    if screens is None:
+        screens = [screen_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
+    for sc in screens:
+        if sc["refused"]:
+            row["refused"] = sc["refused"]
+            return row
     gpn = min(cand.fleet.gpus, cand.fleet.gpus_per_node)
     itl_cap = wl.itl_s if wl.itl_s > 0 else math.inf
     ttft_cap = wl.ttft_s if wl.ttft_s > 0 else math.inf
     if cand.mode == "colocated":
-        (k,), (p,) = kernels, cand.pools
+        (s,), (p,) = screens, cand.pools
         reps = _replicas(p, gpn)
-        s = _colocated_screen(k, wl)
         ok = (s["itl"] <= itl_cap) & (s["ttft"] <= ttft_cap)
         row.update(kv_tokens=int(s["kv_tokens"]), replicas=reps,
                    capacity_tok_s_gpu=float(s["out_tok_s"].max() / p.tp))
@@ -478,45 +520,38 @@ def prescreen(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None
             row.update(tok_s_gpu=float(s["out_tok_s"][j] / p.tp), batch=int(s["grid"][j]),
                        bottleneck=_resource(s["bottleneck"][j]))
         else:
-            j = 0
             row.update(tok_s_gpu=0.0, batch=0, bottleneck=_resource(s["bottleneck"][0]),
                        sla_reason=_sla_reason(s["itl"][0], s["ttft"][0], wl))
         load = _load_point(s["grid"], s["out_tok_s"], reps, wl)
         if load is None:
-            row["est_itl_s"], row["est_ttft_s"] = math.nan, math.nan
-            row["overloaded"] = True
+            row.update(est_itl_s=math.nan, est_ttft_s=math.nan, overloaded=True)
         else:
-            row["est_itl_s"] = float(s["itl"][load])
-            row["est_ttft_s"] = float(s["ttft"][load])
-            row["overloaded"] = False
+            row.update(est_itl_s=float(s["itl"][load]), est_ttft_s=float(s["ttft"][load]),
+                       overloaded=False)
         return row
-    (kp, kd), (pp_, dp_) = kernels, cand.pools
+    (ps, ds), (pp_, dp_) = screens, cand.pools
     rp, rd = _replicas(pp_, gpn), _replicas(dp_, gpn)
-    ps, ds = _prefill_screen(kp, wl), _decode_screen(kd, wl)
-    from .overheads import Placement
-
-    xfer = kp.pd_transfer_time(wl.isl, Placement(node=0), Placement(node=pp_.nodes))
     prefill_out = rp * ps["req_s"] * wl.osl            # output tokens/s the prefill pool feeds
     gpus = cand.fleet.gpus
     ok = ds["itl"] <= itl_cap
-    ttft_est = ps["ttft"] + xfer
+    ttft_est = ps["ttft"] + ps["xfer_s"]
     decode_cap = rd * ds["out_tok_s"]
     row.update(kv_tokens=int(ds["kv_tokens"]), replicas=rd, prefill_replicas=rp,
                capacity_tok_s_gpu=float(min(prefill_out, decode_cap.max()) / gpus))
     if ok.any() and ttft_est <= ttft_cap:
         j = int(np.argmax(np.where(ok, decode_cap, -1)))
         tput = min(prefill_out, float(decode_cap[j]))
-        bott = ds["bottleneck"][j] if decode_cap[j] <= prefill_out else ps["bottleneck"]
+        dec_bound = decode_cap[j] <= prefill_out
+        bott = ds["bottleneck"][j] if dec_bound else ps["bottleneck"]
         row.update(tok_s_gpu=float(tput / gpus), batch=int(ds["grid"][j]),
-                   bottleneck=_resource(bott) + (" (decode)" if decode_cap[j] <= prefill_out
-                                                 else " (prefill)"))
+                   bottleneck=_resource(bott) + (" (decode)" if dec_bound else " (prefill)"))
     else:
         row.update(tok_s_gpu=0.0, batch=0, bottleneck=_resource(ds["bottleneck"][0]),
                    sla_reason=_sla_reason(ds["itl"][0], ttft_est, wl))
     load = _load_point(ds["grid"], ds["out_tok_s"], rd, wl)
     req_load = _fleet_rate(wl, ds, rd)
     if load is None or req_load > rp * ps["req_s"]:
-        row["est_itl_s"], row["est_ttft_s"], row["overloaded"] = math.nan, math.nan, True
+        row.update(est_itl_s=math.nan, est_ttft_s=math.nan, overloaded=True)
     else:
         row.update(est_itl_s=float(ds["itl"][load]), est_ttft_s=float(ttft_est),
                    overloaded=False)
@@ -569,15 +604,15 @@ def _row_head(cand: Candidate) -> dict:
 # Replay at the requested load
 # ---------------------------------------------------------------------------------------
 
-def workload(wl: Workload, replicas: int, rate_hint: float = 0.0):
-    """The seeded synthetic requests one replica sees: Poisson arrivals at
-    ``rate / replicas`` (or, under a concurrency target, at ``rate_hint / replicas``, the
-    pre-screen's rate at that concurrency), ``requests_per_replica`` requests of ``isl``
-    prompt and ``osl`` answer tokens. A DataFrame with the replay's columns."""
+def workload(wl: Workload, rate_hint: float = 0.0):
+    """The seeded synthetic requests of the whole fleet: ``wl.requests`` requests of
+    ``isl`` prompt and ``osl`` answer tokens with Poisson arrivals at ``wl.rate`` (or,
+    under a concurrency target, at ``rate_hint``, the pre-screen's rate at that
+    concurrency: the replay is open-loop). A DataFrame with the replay's columns."""
     import pandas as pd
 
-    rate = (wl.rate if wl.rate > 0 else rate_hint) / max(replicas, 1)
-    n = wl.requests_per_replica
+    rate = wl.rate if wl.rate > 0 else rate_hint
+    n = wl.requests
     rng = np.random.default_rng(wl.seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n)) if rate > 0 else np.zeros(n)
     arrivals -= arrivals[0]
@@ -588,31 +623,47 @@ def workload(wl: Workload, replicas: int, rate_hint: float = 0.0):
 
 def replay_candidate(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None,
                      rate_hint: float = 0.0) -> dict:
-    """Replay one replica of ``cand`` at its share of the load; the replay's figures."""
+    """Replay ``cand`` (every engine and replica of its pools, as :mod:`jkernel.replay`
+    routes them) on the seeded workload; the replay summary's figures."""
     from . import replay as _replay
 
     kernels = [build_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
-    gpn = min(cand.fleet.gpus, cand.fleet.gpus_per_node)
-    reps = _replicas(cand.pools[-1], gpn)
-    reqs = workload(wl, reps, rate_hint)
+    reqs = workload(wl, rate_hint)
     if cand.mode == "colocated":
         res = _replay.replay(kernels[0], reqs, seed=wl.seed)
-        gpus_replayed = cand.pools[0].tp
     else:
-        # one decode replica with its share; the prefill side scaled to the same share
         res = _replay.replay_disaggregated(kernels[0], kernels[1], reqs, seed=wl.seed)
-        gpus_replayed = cand.fleet.gpus / reps
+    return replay_figures(res, cand.fleet.gpus)
+
+
+def replay_figures(res, gpus: int) -> dict:
+    """The table's replay columns from a :class:`jkernel.replay.ReplayResult`: TTFT and
+    ITL p50/p90 from its summary (ITL: every gap between two tokens of a request, pooled),
+    and the steady-state output rate per GPU: output tokens produced between the arrival
+    of the first quarter of the requests and the last arrival (each request's tokens
+    spread evenly from its first token to its finish), so neither the empty start nor the
+    drain after the last arrival counts."""
     s = res.summary
     r = res.requests
-    done = r[~r["rejected"]] if "rejected" in r else r
-    itl = done["itl_mean_s"].to_numpy(float)
-    ttft = done["ttft_s"].to_numpy(float)
-    return {"ttft_p50_s": float(np.nanpercentile(ttft, 50)),
-            "ttft_p90_s": float(np.nanpercentile(ttft, 90)),
-            "itl_p50_s": float(np.nanpercentile(itl, 50)),
-            "itl_p90_s": float(np.nanpercentile(itl, 90)),
-            "load_tok_s_gpu": float(s["output_tokens_per_s"]) / gpus_replayed,
-            "rejected": int(s.get("rejected", 0)), "replayed": True}
+    done = r[~r["rejected"].astype(bool) & r["finish_s"].notna()]
+    arr = np.sort(r["arrival_s"].to_numpy(float))
+    # warm-up: the system fills in about one request lifetime (the median E2E)
+    warm = float(np.nanmedian(done["e2e_s"])) if len(done) else 0.0
+    t0, t1 = arr[0] + warm, arr[-1]
+    tok_s = float("nan")
+    if t1 > t0 and len(done):
+        first = done["first_token_s"].to_numpy(float)
+        fin = done["finish_s"].to_numpy(float)
+        out = done["output_tokens"].to_numpy(float)
+        span = np.maximum(fin - first, 1e-12)
+        inside = np.clip(np.minimum(fin, t1) - np.maximum(first, t0), 0.0, None) / span
+        first_in = ((first >= t0) & (first <= t1)).astype(float)
+        tokens = first_in + np.where(fin > first, inside * (out - 1), 0.0)
+        tok_s = float(tokens.sum() / (t1 - t0))
+    return {"ttft_p50_s": float(s["ttft_p50_s"]), "ttft_p90_s": float(s["ttft_p90_s"]),
+            "itl_p50_s": float(s["itl_p50_s"]), "itl_p90_s": float(s["itl_p90_s"]),
+            "load_tok_s_gpu": tok_s / gpus, "rejected": int(s.get("rejected", 0)),
+            "replay_steps": int(s.get("steps", 0)), "replayed": True}
 
 
 # ---------------------------------------------------------------------------------------
@@ -707,8 +758,8 @@ def _init_worker() -> None:
 
 
 def _screen_task(args):
-    cand, wl, repos = args
-    return prescreen(cand, wl, repos)
+    items, wl, repos = args
+    return [screen_pool(c, i, wl, repos) for _, c, i in items]
 
 
 def _replay_task(args):
@@ -733,7 +784,8 @@ class _Runner:
                 raise Refusal("R2", "--ray needs the ray package (pip install "
                               "'jkernel[ray]')") from exc
             if not ray.is_initialized():
-                ray.init(address=self.ray_address, log_to_driver=False,
+                addr = None if self.ray_address == "local" else self.ray_address
+                ray.init(address=addr, log_to_driver=False,
                          runtime_env={"env_vars": {"PYTHONPATH": os.environ.get(
                              "PYTHONPATH", "")}})
             self._ray = ray
@@ -791,16 +843,33 @@ def evaluate(cands: Sequence[Candidate], wl: Workload, *, replay_top: int = 3,
     cands = list(cands)
     t0 = time.perf_counter()
     count = [0]
+    # Unique pools, grouped so that pools sharing a static plan (same widths and dtypes,
+    # any role) are priced in one process and compile once.
+    first: dict[tuple, tuple[Candidate, int]] = {}
+    for c in cands:
+        for i in range(len(c.pools)):
+            first.setdefault(pool_key(c, i), (c, i))
+    groups: dict[tuple, list] = {}
+    for key, (c, i) in first.items():
+        p = c.pools[i]
+        groups.setdefault((p.tp, p.dp, p.ep, c.quantization, c.kv_dtype), []).append(
+            (key, c, i))
+    tasks = [(items, wl, repos) for items in groups.values()]
 
-    def screened(i, row):
+    def screened(j, res):
         count[0] += 1
-        state = row["refused"] or (f"{row['tok_s_gpu']:.0f} tok/s/GPU under SLA, "
-                                   f"capacity {row['capacity_tok_s_gpu']:.0f}")
-        log(f"[screen {count[0]}/{len(cands)} {time.perf_counter() - t0:6.1f}s] "
-            f"{row['configuration']}: {state}")
+        for (key, c, i), r in zip(tasks[j][0], res):
+            state = r["refused"] or "built"
+            log(f"[screen {count[0]}/{len(tasks)} {time.perf_counter() - t0:6.1f}s] "
+                f"{c.pools[i].role} {c.pools[i].label()} on {c.pools[i].nodes} node(s) "
+                f"w:{c.quantization or 'ckpt'} kv:{c.kv_dtype}: {state}")
 
     with _Runner(workers, ray_address) as run:
-        rows = run.map(_screen_task, [(c, wl, repos) for c in cands], screened)
+        results = run.map(_screen_task, tasks, screened)
+        screens = {key: r for (items, _, _), res in zip(tasks, results)
+                   for (key, _, _), r in zip(items, res)}
+        rows = [prescreen(c, wl, repos, [screens[pool_key(c, i)]
+                                         for i in range(len(c.pools))]) for c in cands]
         chosen: list[int] = []
         if replay:
             for mode in ("colocated", "disaggregated"):
@@ -840,7 +909,7 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
          itl_s: float = 0.0, rate: float = 0.0, concurrency: int = 0, gpus_per_node: int = 0,
          fabric: str = DEFAULT_FABRIC, modes: Sequence[str] = ("colocated", "disaggregated"),
          quantizations: Sequence[str] | None = None, kv_dtypes: Sequence[str] | None = None,
-         requests_per_replica: int = 200, seed: int = 0, replay_top: int = 3,
+         requests: int = 0, seed: int = 0, replay_top: int = 3,
          workers: int = 1, ray_address: str | None = None,
          repos: _catalog.Repos | None = None, log: Callable[[str], None] | None = None
          ) -> PlanResult:
@@ -858,9 +927,12 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
     if ttft_s < 0 or itl_s < 0:
         raise Refusal("R4", "TTFT and ITL targets are seconds ≥ 0", field="ttft")
     _model_facts(model, repos)
+    if requests <= 0:
+        # long enough for a steady state: a minute of arrivals (at least 300 requests)
+        requests = int(min(2000, max(300, math.ceil((rate or concurrency / 10.0) * 60))))
     fl = fleet(chip, gpus, gpus_per_node, fabric, repos)
     wl = Workload(int(isl), int(osl), float(rate), int(concurrency), float(ttft_s),
-                  float(itl_s), int(requests_per_replica), int(seed))
+                  float(itl_s), int(requests), int(seed))
     cands = enumerate_candidates(model, fl, modes=modes, quantizations=quantizations,
                                  kv_dtypes=kv_dtypes, repos=repos)
     if log:
@@ -936,3 +1008,52 @@ def plot_front(result: PlanResult, path: str | None = None, ax=None):
 #: The table's columns as the command line prints them.
 SHOW = ("rank", "configuration", "tok_s_gpu", "ttft_p50_s", "ttft_p90_s", "itl_p50_s",
         "itl_p90_s", "bottleneck", "kv_tokens", "meets_sla")
+
+
+def format_table(result: PlanResult, every: bool = False, top: int = 15) -> str:
+    """The ranked table as text: the best ``top`` built candidates (every row with
+    ``every``), the front, and the reason when the front is empty."""
+    wl, fl = result.workload, result.fleet
+    load = f"{wl.rate:g} req/s" if wl.rate > 0 else f"concurrency {wl.concurrency}"
+    sla = ", ".join(s for s in (f"TTFT p90 ≤ {wl.ttft_s:g} s" if wl.ttft_s else "",
+                                f"ITL p90 ≤ {wl.itl_s * 1e3:g} ms" if wl.itl_s else "") if s)
+    t = result.table
+    built = t[t["refused"] == ""]
+    lines = [f"{result.model} on {fl.gpus} × {fl.chip} ({fl.nodes} node(s)); isl {wl.isl}, "
+             f"osl {wl.osl}, {load}; SLA: {sla or 'none'}; {wl.requests} requests replayed "
+             f"per candidate (seed {wl.seed})",
+             f"{len(t)} candidates: {len(built)} built, {len(t) - len(built)} refused, "
+             f"{int(t['replayed'].sum())} replayed, {int(t['meets_sla'].sum())} meet the "
+             f"SLA; {result.seconds:.1f} s", ""]
+    show = t if every else built.head(top)
+    hdr = (f"{'#':>3} {'configuration':<40} {'tok/s/GPU':>9} {'TTFT p50':>9} {'p90':>7} "
+           f"{'ITL p50':>8} {'p90':>7} {'bottleneck':<14} {'KV tokens':>10}  SLA")
+    lines.append(hdr)
+
+    def f(x, scale=1.0, fmt="{:.3f}"):
+        return fmt.format(x * scale) if isinstance(x, (int, float)) and math.isfinite(x) \
+            else "-"
+    for _, r in show.iterrows():
+        if r["refused"]:
+            lines.append(f"{r['rank']:>3} {r['configuration']:<40} refused: {r['refused']}")
+            continue
+        lines.append(
+            f"{r['rank']:>3} {r['configuration']:<40} {f(r['tok_s_gpu'], fmt='{:.0f}'):>9} "
+            f"{f(r['ttft_p50_s']):>9} {f(r['ttft_p90_s']):>7} "
+            f"{f(r['itl_p50_s'], 1e3, '{:.1f}ms'):>8} {f(r['itl_p90_s'], 1e3, '{:.1f}ms'):>7} "
+            f"{str(r['bottleneck']):<14} {int(r['kv_tokens']):>10,d}  "
+            f"{'yes' if r['meets_sla'] else ('no' if r['replayed'] else 'not replayed')}")
+    if not every and len(t) - len(built):
+        reasons = t[t["refused"] != ""]["refused"].value_counts()
+        lines.append(f"refused ({len(t) - len(built)}):")
+        for why, n in reasons.items():
+            lines.append(f"  {n} × {why}")
+    lines.append("")
+    if result.front.empty:
+        lines.append(f"Pareto front: empty: {result.reason}")
+    else:
+        lines.append("Pareto front (tokens/s/GPU against ITL p50, SLA meeters):")
+        for _, r in result.front.iterrows():
+            lines.append(f"  {r['configuration']:<40} {r['tok_s_gpu']:8.0f} tok/s/GPU  ITL "
+                         f"p50 {r['itl_p50_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)

@@ -147,6 +147,12 @@ class Candidate:
             body = f"P{pre.nodes}n {pre.label()} + D{dec.nodes}n {dec.label()}"
         return f"{body} w:{q} kv:{self.kv_dtype}"
 
+    def bundle_yaml(self, max_model_len: int) -> str:
+        """The candidate's bundle as YAML text (``jkernel.open`` / ``open_pool`` take it)."""
+        import yaml
+
+        return yaml.safe_dump_all(list(self.bundle(max_model_len)), sort_keys=False)
+
     def bundle(self, max_model_len: int) -> tuple[dict, dict]:
         """The in-memory (Scenario, Deployment) documents of this candidate."""
         fl = self.fleet
@@ -734,6 +740,11 @@ class PlanResult:
     fleet: Fleet
     model: str
     seconds: float = 0.0
+    candidates: dict = field(default_factory=dict)   # configuration label → Candidate
+
+    def candidate(self, configuration: str) -> Candidate:
+        """The :class:`Candidate` of a table row (its ``bundle()`` are the documents)."""
+        return self.candidates[configuration]
 
     def best(self, mode: str | None = None) -> dict | None:
         t = self.table[self.table["meets_sla"]]
@@ -945,7 +956,8 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
     meet = table[table["meets_sla"]]
     front = pareto_front(meet)
     reason = "" if not front.empty else _empty_reason(table, wl)
-    return PlanResult(table, front, reason, wl, fl, model, time.perf_counter() - t0)
+    return PlanResult(table, front, reason, wl, fl, model, time.perf_counter() - t0,
+                      {c.label(): c for c in cands})
 
 
 def _empty_reason(table, wl: Workload) -> str:

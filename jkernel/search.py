@@ -56,7 +56,7 @@ from .errors import Refusal
 __all__ = ["Fleet", "Workload", "PoolSpec", "Candidate", "PlanResult", "fleet",
            "enumerate_candidates", "build_pool", "prescreen", "replay_candidate", "workload",
            "evaluate", "pareto_front", "rank", "plan", "plot_front", "format_table",
-           "replay_figures", "screen_pool", "pool_key", "COEFFICIENT_SETS"]
+           "replay_figures", "screen_pool", "mode_fronts", "pool_key", "COEFFICIENT_SETS"]
 
 #: The coefficient sets a planned scenario lists, in the shipped scenarios' order.
 COEFFICIENT_SETS = ("cost-model-primitives", "cost-model-collectives",
@@ -257,16 +257,22 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-def _pool_layouts(role: str, nodes: int, pool_gpus: int, moe: bool) -> list[PoolSpec]:
+def _pool_layouts(role: str, nodes: int, pool_gpus: int, moe: bool,
+                  tps: Sequence[int] | None = None, dps: Sequence[int] | None = None
+                  ) -> list[PoolSpec]:
     """tp (powers of two up to the pool), dp and ep for MoE models. A dense model's dp
     ranks are independent replicas (vLLM v0.31.0 runs them without lockstep), so dp is
     enumerated only for MoE models, where the ranks share the expert group."""
     out = []
     for tp in _pow2_upto(pool_gpus):
+        if tps is not None and tp not in tps:
+            continue
         if not moe:
             out.append(PoolSpec(role, nodes, tp))
             continue
         for dp in _pow2_upto(pool_gpus // tp):
+            if dps is not None and dp not in dps:
+                continue
             for ep in ((False, True) if tp * dp > 1 else (False,)):
                 out.append(PoolSpec(role, nodes, tp, dp, ep))
     return out
@@ -275,8 +281,10 @@ def _pool_layouts(role: str, nodes: int, pool_gpus: int, moe: bool) -> list[Pool
 def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colocated",
                          "disaggregated"), quantizations: Sequence[str] | None = None,
                          kv_dtypes: Sequence[str] | None = None,
+                         tps: Sequence[int] | None = None, dps: Sequence[int] | None = None,
                          repos: _catalog.Repos | None = None) -> list[Candidate]:
-    """Every deployment shape of ``model`` on the fleet (before the engine's rules)."""
+    """Every deployment shape of ``model`` on the fleet (before the engine's rules);
+    ``quantizations``, ``kv_dtypes``, ``tps`` and ``dps`` restrict the space."""
     facts = _model_facts(model, repos)
     from .documents import load_chip
 
@@ -287,13 +295,14 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
     gpn = min(fl.gpus, fl.gpus_per_node)
     layouts: list[tuple[PoolSpec, ...]] = []
     if "colocated" in modes:
-        layouts += [(p,) for p in _pool_layouts("colocated", fl.nodes, fl.gpus, facts["moe"])]
+        layouts += [(p,) for p in _pool_layouts("colocated", fl.nodes, fl.gpus, facts["moe"],
+                                                   tps, dps)]
     if "disaggregated" in modes and fl.nodes >= 2:
         # documents.md §2: a pool holds whole nodes, so the splits are in nodes.
         for pn in range(1, fl.nodes):
             dn = fl.nodes - pn
-            for pre in _pool_layouts("prefill", pn, pn * gpn, facts["moe"]):
-                for dec in _pool_layouts("decode", dn, dn * gpn, facts["moe"]):
+            for pre in _pool_layouts("prefill", pn, pn * gpn, facts["moe"], tps, dps):
+                for dec in _pool_layouts("decode", dn, dn * gpn, facts["moe"], tps, dps):
                     layouts.append((pre, dec))
     return [Candidate(model, fl, pools, q, kv) for pools in layouts for q in quants
             for kv in kvs]
@@ -520,7 +529,9 @@ def prescreen(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None
         reps = _replicas(p, gpn)
         ok = (s["itl"] <= itl_cap) & (s["ttft"] <= ttft_cap)
         row.update(kv_tokens=int(s["kv_tokens"]), replicas=reps,
-                   capacity_tok_s_gpu=float(s["out_tok_s"].max() / p.tp))
+                   capacity_tok_s_gpu=float(s["out_tok_s"].max() / p.tp),
+                   curve=[(float(a), float(b / p.tp)) for a, b in zip(s["itl"],
+                                                                        s["out_tok_s"])])
         if ok.any():
             j = int(np.argmax(np.where(ok, s["out_tok_s"], -1)))
             row.update(tok_s_gpu=float(s["out_tok_s"][j] / p.tp), batch=int(s["grid"][j]),
@@ -543,7 +554,9 @@ def prescreen(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None
     ttft_est = ps["ttft"] + ps["xfer_s"]
     decode_cap = rd * ds["out_tok_s"]
     row.update(kv_tokens=int(ds["kv_tokens"]), replicas=rd, prefill_replicas=rp,
-               capacity_tok_s_gpu=float(min(prefill_out, decode_cap.max()) / gpus))
+               capacity_tok_s_gpu=float(min(prefill_out, decode_cap.max()) / gpus),
+               curve=[(float(a), float(min(prefill_out, b) / gpus))
+                      for a, b in zip(ds["itl"], decode_cap)])
     if ok.any() and ttft_est <= ttft_cap:
         j = int(np.argmax(np.where(ok, decode_cap, -1)))
         tput = min(prefill_out, float(decode_cap[j]))
@@ -764,8 +777,7 @@ class PlanResult:
 
 def _init_worker() -> None:
     """Worker start: one XLA CPU thread per process (the pool itself is the parallelism)."""
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                          "intra_op_parallelism_threads=1")
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 
 def _screen_task(args):
@@ -920,6 +932,7 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
          itl_s: float = 0.0, rate: float = 0.0, concurrency: int = 0, gpus_per_node: int = 0,
          fabric: str = DEFAULT_FABRIC, modes: Sequence[str] = ("colocated", "disaggregated"),
          quantizations: Sequence[str] | None = None, kv_dtypes: Sequence[str] | None = None,
+         tps: Sequence[int] | None = None, dps: Sequence[int] | None = None,
          requests: int = 0, seed: int = 0, replay_top: int = 3,
          workers: int = 1, ray_address: str | None = None,
          repos: _catalog.Repos | None = None, log: Callable[[str], None] | None = None
@@ -945,7 +958,7 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
     wl = Workload(int(isl), int(osl), float(rate), int(concurrency), float(ttft_s),
                   float(itl_s), int(requests), int(seed))
     cands = enumerate_candidates(model, fl, modes=modes, quantizations=quantizations,
-                                 kv_dtypes=kv_dtypes, repos=repos)
+                                 kv_dtypes=kv_dtypes, tps=tps, dps=dps, repos=repos)
     if log:
         log(f"{len(cands)} candidate deployments of {model} on {fl.gpus} × {fl.chip} "
             f"({fl.nodes} node{'s' if fl.nodes > 1 else ''} of "
@@ -980,9 +993,29 @@ def _empty_reason(table, wl: Workload) -> str:
     return why
 
 
+def mode_fronts(result: PlanResult) -> dict:
+    """Per mode, the Pareto front of output tokens/s/GPU against ITL over every built
+    candidate's pre-screen curve (one point per running batch size): a DataFrame with
+    ``itl_s``, ``tok_s_gpu`` and the ``configuration`` each point comes from."""
+    import pandas as pd
+
+    out = {}
+    t = result.table
+    for mode in ("colocated", "disaggregated"):
+        pts = [(itl, tok, r["configuration"]) for _, r in t[(t["mode"] == mode) &
+                                                            (t["refused"] == "")].iterrows()
+               if isinstance(r.get("curve"), list) for itl, tok in r["curve"]]
+        if not pts:
+            continue
+        d = pd.DataFrame(pts, columns=["itl_s", "tok_s_gpu", "configuration"])
+        out[mode] = pareto_front(d, x="itl_s", y="tok_s_gpu").reset_index(drop=True)
+    return out
+
+
 def plot_front(result: PlanResult, path: str | None = None, ax=None):
-    """Throughput per GPU against ITL p50 for every replayed candidate, each mode's front
-    drawn as a line; saved to ``path`` when given. Needs matplotlib."""
+    """Each mode's front of output tokens/s/GPU against ITL (pre-screen curves, steady
+    state) as a line, and the replayed candidates at the requested load as points (ITL
+    p50); saved to ``path`` when given. Needs matplotlib (an optional dependency)."""
     try:
         import matplotlib
         if path is not None and ax is None:
@@ -995,19 +1028,22 @@ def plot_front(result: PlanResult, path: str | None = None, ax=None):
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fronts = mode_fronts(result)
     for mode, marker in (("colocated", "o"), ("disaggregated", "s")):
+        if mode in fronts:
+            f = fronts[mode]
+            line, = ax.plot(f["itl_s"] * 1e3, f["tok_s_gpu"], label=f"{mode} front")
+            color = line.get_color()
+        else:
+            color = None
         d = t[(t["mode"] == mode) & t["replayed"]]
-        if d.empty:
-            continue
-        ax.scatter(d["itl_p50_s"] * 1e3, d["tok_s_gpu"], marker=marker, alpha=0.5,
-                   label=f"{mode} (replayed)")
-        f = pareto_front(d[d["meets_sla"]])
-        if not f.empty:
-            ax.plot(f["itl_p50_s"] * 1e3, f["tok_s_gpu"], marker=marker, label=f"{mode} front")
+        if not d.empty:
+            ax.scatter(d["itl_p50_s"] * 1e3, d["load_tok_s_gpu"], marker=marker, color=color,
+                       label=f"{mode} replayed at the load")
     if result.workload.itl_s:
         ax.axvline(result.workload.itl_s * 1e3, color="grey", ls="--", lw=1, label="ITL target")
-    ax.set_xlabel("ITL p50 at the load (ms)")
-    ax.set_ylabel("output tokens/s per GPU (SLA-bound)")
+    ax.set_xlabel("ITL (ms)")
+    ax.set_ylabel("output tokens/s per GPU")
     ax.set_title(f"{result.model} on {result.fleet.gpus} × {result.fleet.chip}")
     ax.legend(fontsize=8)
     if path is not None and fig is not None:

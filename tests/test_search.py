@@ -199,7 +199,7 @@ def test_cli_impossible_sla_gives_an_empty_front_with_the_reason(tmp_path):
     out = tmp_path / "t.csv"
     p = _cli("llama-3.1-8b-instruct", "--chip", "h100", "--gpus", "1", "--isl", "256",
              "--osl", "16", "--rate", "1", "--itl", "0.0001", "--mode", "colocated",
-             "--workers", "1", "--csv", str(out))
+             "--workers", "1", "--csv", str(out), "--json", str(tmp_path / "t.json"))
     assert p.returncode == 1, p.stderr
     assert "Pareto front: empty: no candidate meets ITL p90 ≤ 0.1 ms" in p.stdout
     assert "exceeds 0.1 ms" in p.stdout
@@ -208,6 +208,11 @@ def test_cli_impossible_sla_gives_an_empty_front_with_the_reason(tmp_path):
 
     t = pd.read_csv(out)
     assert len(t) == 4 and not t["meets_sla"].any()
+    import json
+
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["front"] == [] and doc["reason"].startswith("no candidate meets")
+    assert len(doc["table"]) == 4
 
 
 # -- the whole search: replay, reproduction, parallel paths ----------------------------

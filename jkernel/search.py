@@ -1014,8 +1014,8 @@ def mode_fronts(result: PlanResult) -> dict:
 
 def plot_front(result: PlanResult, path: str | None = None, ax=None):
     """Each mode's front of output tokens/s/GPU against ITL (pre-screen curves, steady
-    state) as a line, and the replayed candidates at the requested load as points (ITL
-    p50); saved to ``path`` when given. Needs matplotlib (an optional dependency)."""
+    state) as a line, and the replayed candidates as points at the offered load per GPU
+    and their replayed ITL p50; saved to ``path`` when given. Needs matplotlib (an optional dependency)."""
     try:
         import matplotlib
         if path is not None and ax is None:
@@ -1029,6 +1029,9 @@ def plot_front(result: PlanResult, path: str | None = None, ax=None):
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
     fronts = mode_fronts(result)
+    wl = result.workload
+    # the replayed points sit at the offered output rate per GPU (rate × osl / GPUs)
+    offered = wl.rate * wl.osl / result.fleet.gpus if wl.rate > 0 else 0.0
     for mode, marker in (("colocated", "o"), ("disaggregated", "s")):
         if mode in fronts:
             f = fronts[mode]
@@ -1037,9 +1040,9 @@ def plot_front(result: PlanResult, path: str | None = None, ax=None):
         else:
             color = None
         d = t[(t["mode"] == mode) & t["replayed"]]
-        if not d.empty:
-            ax.scatter(d["itl_p50_s"] * 1e3, d["load_tok_s_gpu"], marker=marker, color=color,
-                       label=f"{mode} replayed at the load")
+        if not d.empty and offered > 0:
+            ax.scatter(d["itl_p50_s"] * 1e3, np.full(len(d), offered), marker=marker,
+                       color=color, label=f"{mode} replayed at the load (ITL p50)")
     if result.workload.itl_s:
         ax.axvline(result.workload.itl_s * 1e3, color="grey", ls="--", lw=1, label="ITL target")
     ax.set_xlabel("ITL (ms)")

@@ -153,6 +153,12 @@ def test_disaggregated_pair_flow():
     assert (res.steps.pool == "prefill").sum() == 1 and (res.steps.pool == "decode").sum() == 3
 
 
+def test_requests_arriving_together_are_scheduled_together():
+    res = replay(qwen(), table([(i, 0.5, 200, 2) for i in range(3)]))
+    assert res.steps.requests.iloc[0] == 3 and res.steps.tokens.iloc[0] == 600
+    assert res.requests.ttft_s.nunique() == 1
+
+
 def test_a_run_is_deterministic_and_keeps_up_below_saturation():
     rng = np.random.default_rng(3)
     n = 150
@@ -257,3 +263,94 @@ def test_cli_names_a_missing_column(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "x.csv" in err and "output_tokens" in err
+
+
+@pytest.mark.parametrize("clock", ["expected_s", "no_overlap_s"])
+def test_the_fast_pricing_path_prices_exactly_as_step_time(clock):
+    from jkernel.replay.sim import Pool
+
+    k = qwen()
+    pool = Pool(k, clock=clock)
+    assert pool._fast is not None
+    rng = np.random.default_rng(0)
+    for n in (1, 17, 70):
+        sched = [int(x) for x in rng.integers(1, 400, n)]
+        comp = [int(x) for x in rng.integers(0, 5000, n)]
+        items = [(None, s, c, False) for s, c in zip(sched, comp)]
+        want = step_ticks(getattr(k.step_time(jkernel.Batch(sched, comp)), clock))
+        assert pool.price([items]) == want
+
+
+def test_progress_bar_changes_nothing(capsys):
+    pytest.importorskip("tqdm")
+    reqs = table([(i, 0.1 * i, 100, 3) for i in range(5)])
+    quiet, shown = replay(qwen(), reqs), replay(qwen(), reqs, progress=True)
+    assert quiet.summary == shown.summary
+    assert "replay" in capsys.readouterr().err
+
+
+def test_parquet_request_file_and_unknown_suffix(tmp_path):
+    pytest.importorskip("pyarrow")
+    df = pd.DataFrame({"request_id": ["a", "b"], "arrival_time_us": [0, 250_000],
+                       "input_tokens": [12, 30], "output_tokens": [3, 2]})
+    p = tmp_path / "reqs.parquet"
+    df.to_parquet(p)
+    got = load_requests(p)
+    assert list(got.request_id) == ["a", "b"] and list(got.arrival_s) == [0.0, 0.25]
+    res = replay(qwen(), got)
+    assert list(res.requests.request_id) == ["a", "b"] and res.summary["completed"] == 2
+    q = tmp_path / "reqs.json"
+    q.write_text("{}")
+    with pytest.raises(ValueError, match=r"reqs\.json.*allowed: \.csv, \.parquet"):
+        load_requests(q)
+
+
+def test_data_parallel_replicas_step_in_lockstep():
+    k = jkernel.open("qwen3-30b-a3b-h200-ep")
+    dp = k.resolved().data_parallel()
+    if dp < 2:
+        pytest.skip("the scenario resolved dp 1")
+    from jkernel.replay.sim import Pool
+
+    pool = Pool(k)
+    assert len(pool.engines[0].replicas) == dp
+    # Two requests ready at once go to two replicas and run in one step, priced with the
+    # lighter replica padded to the heavier one's tokens (the arrivals are spaced so that
+    # admission, which grows with the prompt, ends at the same tick).
+    lag = k.admission_overhead(800) - k.admission_overhead(300)
+    res = replay(k, table([(0, 0.0, 800, 2), (1, round(lag, 6), 300, 2)]))
+    first = res.steps.iloc[0]
+    assert first.requests == 2 and first.tokens == 1100
+    heavy = k.step_time(jkernel.Batch([800], [0])).expected_s
+    light = k.step_time(jkernel.Batch([300], [0], pad_tokens=500)).expected_s
+    assert first.duration_s == pytest.approx(max(heavy, light), abs=1e-6)
+
+
+def test_client_trace_row_without_a_server_count_keeps_the_clients(tmp_path):
+    raw = pd.read_csv(DATA / "agg_2rps_head.csv").head(3)
+    raw.loc[1, "server_input_tokens"] = 0
+    raw.loc[1, "status"] = "error"
+    p = tmp_path / "trace.csv"
+    raw.to_csv(p, index=False)
+    got = load_requests(p).set_index("request_id")
+    rid = raw.request_id[1]
+    assert got.loc[rid, "input_tokens"] == raw.input_tokens[1]
+    assert got.loc[rid, "input_tokens_source"] == "client"
+    assert got.loc[rid, "client_status"] == "error" and len(got) == 3
+
+
+def test_cli_json_summary(capsys):
+    import json
+
+    rc = cli.main(["replay", "qwen3-14b-h100-tp1", "--requests",
+                   str(DATA / "agg_2rps_head.csv"), "--json", "--no-progress"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["completed"] == 60 and summary["rejected"] == 0
+    assert summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
+
+
+def test_an_empty_table_replays_to_an_empty_result():
+    res = replay(qwen(), table([]))
+    assert len(res.requests) == 0 and res.summary["completed"] == 0
+    assert res.summary["steps"] == 0 and np.isnan(res.summary["ttft_mean_s"])

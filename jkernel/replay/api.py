@@ -95,7 +95,7 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
         # Without a max_model_len a request that cannot fit the empty cache would wait
         # forever; vLLM would not have started (it sizes max_model_len to fit), so refuse it.
         cap = lim.pages - lim.fixed_pages
-        big = np.array([lim.pages_for(int(x)) > cap for x in total]) & ~rejected
+        big = np.array([lim.pages_for(int(x)) > cap for x in total], bool) & ~rejected
         for i in np.flatnonzero(big):
             reasons[i] = f"kv_cache: {int(total[i])} tokens need more than {lim.pages} pages"
         rejected |= big

@@ -54,9 +54,9 @@ def measured_summary(trace: pd.DataFrame, summary_json: dict | None = None) -> d
     ttft = (ok["first_chunk_time_us"] - ok["send_time_us"]).to_numpy() / 1e6
     e2e = (ok["last_chunk_time_us"] - ok["send_time_us"]).to_numpy() / 1e6
     span = (ok["last_chunk_time_us"] - ok["first_chunk_time_us"]).sum() / 1e6
+    span_s = (ok["send_time_us"].max() - ok["send_time_us"].min()) / 1e6
     out = {"requests": int(len(ok)),
-           "rate_per_s": float(len(ok) / ((ok["send_time_us"].max() - ok["send_time_us"]
-                                           .min()) / 1e6)),
+           "rate_per_s": float(len(ok) / span_s) if span_s > 0 else float("nan"),
            "itl_mean": float(span / (ok["num_chunks"] - 1).sum())}
     for name, x in (("ttft", ttft), ("e2e", e2e)):
         out[f"{name}_mean"] = float(x.mean())

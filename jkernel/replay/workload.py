@@ -21,8 +21,9 @@ and optionally ``prefix_group`` / ``prefix_length`` (requests of one group share
 * a client trace as inference-sim/residency-vllm writes it (``trace.csv`` with
   ``send_time_us``, ``server_input_tokens``, ``status`` …): the arrival is the time the
   client sent the request (``send_time_us`` less the run's first), the prompt is what the
-  server tokenised (``server_input_tokens``), and rows whose ``status`` is not ``ok`` are
-  kept and flagged (``client_status``) rather than dropped.
+  server tokenised (``server_input_tokens``, the client's count where the server has none),
+  and rows whose ``status`` is not ``ok`` are kept and flagged (``client_status``) rather
+  than dropped.
 
 Bad input never loses data: a missing column is an error naming the column and the file;
 negative, fractional or missing token counts are errors naming the rows; unsorted arrivals
@@ -129,11 +130,20 @@ def _from_client_trace(df: pd.DataFrame, where: str) -> pd.DataFrame:
     out = pd.DataFrame({"request_id": df["request_id"]})
     send = pd.to_numeric(df["send_time_us"], errors="coerce")
     out["arrival_s"] = (send - send.min()) / 1e6
-    prompt = "server_input_tokens" if "server_input_tokens" in df.columns else "input_tokens"
-    if prompt not in df.columns:
+    if "server_input_tokens" not in df.columns and "input_tokens" not in df.columns:
         raise ValueError(f"{where}: a client trace needs 'server_input_tokens' or "
                          "'input_tokens'")
-    out["input_tokens"] = df[prompt]
+    if "server_input_tokens" in df.columns:
+        server = pd.to_numeric(df["server_input_tokens"], errors="coerce")
+        # A request the server never tokenised (a failed one) has no server count: it keeps
+        # the client's, and says so, rather than being dropped.
+        known = server.notna() & (server > 0)
+        fallback = df["input_tokens"] if "input_tokens" in df.columns else server
+        out["input_tokens"] = server.where(known, fallback)
+        out["input_tokens_source"] = np.where(known, "server", "client")
+    else:
+        out["input_tokens"] = df["input_tokens"]
+        out["input_tokens_source"] = "client"
     out["output_tokens"] = df["output_tokens"]
     for col in ("prefix_group", "prefix_length"):
         if col in df.columns:

@@ -33,9 +33,16 @@ gives the same table as a run in one process):
    shape and load, giving TTFT and ITL p50/p90 at that load.
 
 Replicas: vLLM schedules each data-parallel rank (and each separate engine) on its own
-(memory.md §5), and the kernel prices one rank's batch, so the search replays one replica
-with its share of the load (Poisson arrivals at ``rate / replicas``): every replica of a
-pool sees the same statistics.
+(memory.md §5) and the kernel prices one rank's batch, so the pre-screen prices one replica
+and scales by the pool's replicas; the replay runs the whole fleet's workload, which
+:mod:`jkernel.replay` routes over every engine and replica of each pool.
+
+SLA: p90 TTFT and p90 ITL (every gap between two tokens of a request, pooled, as vLLM's
+benchmark counts ITL) of the replay at the requested load; a candidate meets it when both
+hold and the replay rejects no request. The ranking key ``tok_s_gpu`` is the steady-state
+output rate per GPU within the SLA from the pre-screen (how much the deployment carries
+while meeting the targets); ``load_tok_s_gpu`` is the replay's steady-state rate at the
+requested load.
 """
 
 from __future__ import annotations

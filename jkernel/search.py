@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -1022,7 +1021,8 @@ def mode_fronts(result: PlanResult) -> dict:
 def plot_front(result: PlanResult, path: str | None = None, ax=None):
     """Each mode's front of output tokens/s/GPU against ITL (pre-screen curves, steady
     state) as a line, and the replayed candidates as points at the offered load per GPU
-    and their replayed ITL p50; saved to ``path`` when given. Needs matplotlib (an optional dependency)."""
+    and their replayed ITL p50; saved to ``path`` when given. Needs matplotlib (an
+    optional dependency)."""
     try:
         import matplotlib
         if path is not None and ax is None:

@@ -6,6 +6,7 @@
     jkernel provenance SCENARIO                       # every coefficient and assumption used
     jkernel derive CONFIG.json --name NAME [--out catalog/models]
     jkernel replay SCENARIO --requests FILE [--out FILE]   # serve a request trace
+    jkernel plan MODEL --chip CHIP --gpus N --isl I --osl O [--ttft S] [--itl S] --rate R
 
 SCENARIO is a bundle path or the name of a scenario in the catalog. A disaggregated
 deployment is reported pool by pool unless ``--pool`` names one.
@@ -248,6 +249,72 @@ def _cmd_replay(args) -> int:
     return 0
 
 
+def _add_plan(sub) -> None:
+    """``jkernel plan``: the deployment search (jkernel.search)."""
+    s = sub.add_parser("plan", help="search the deployments of a model on a fleet for a "
+                       "workload shape and latency targets")
+    s.add_argument("model", help="catalog model name")
+    s.add_argument("--chip", required=True, help="catalog chip name (jkernel catalog chips)")
+    s.add_argument("--gpus", required=True, type=int, help="GPUs in the fleet")
+    s.add_argument("--gpus-per-node", type=int, default=0,
+                   help="GPUs per node (default: the chip's node, else 8)")
+    s.add_argument("--fabric", default="ib-400g", help="inter-node fabric (catalog name)")
+    s.add_argument("--isl", required=True, type=int, help="prompt tokens per request")
+    s.add_argument("--osl", required=True, type=int, help="output tokens per request")
+    s.add_argument("--ttft", type=float, default=0.0, help="p90 TTFT target, seconds")
+    s.add_argument("--itl", type=float, default=0.0, help="p90 ITL target, seconds")
+    load = s.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, default=0.0, help="requests/s over the fleet")
+    load.add_argument("--concurrency", type=int, default=0, help="requests in flight")
+    s.add_argument("--mode", choices=["colocated", "disaggregated", "both"], default="both")
+    s.add_argument("--requests", type=int, default=0,
+                   help="synthetic requests replayed (default: a minute of arrivals)")
+    s.add_argument("--replay-top", type=int, default=3,
+                   help="candidates of each mode replayed after the pre-screen")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--workers", type=int, default=0,
+                   help="worker processes (default: one per core, at most 4)")
+    s.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="evaluate on a Ray cluster ('auto', 'local' or host:port)")
+    s.add_argument("--json", default=None, metavar="FILE", nargs="?", const="-",
+                   help="write the table and front as JSON (to stdout with no FILE)")
+    s.add_argument("--csv", default=None, metavar="FILE", help="write the table as CSV")
+    s.add_argument("--plot", default=None, metavar="FILE.png", help="plot the fronts")
+    s.add_argument("--all", action="store_true", help="print every row, refused included")
+    s.set_defaults(fn=_cmd_plan)
+
+
+def _cmd_plan(args) -> int:
+    import os
+
+    from . import search
+
+    quiet = args.json == "-"
+    log = (lambda m: print(m, file=sys.stderr, flush=True))
+    workers = args.workers or max(1, min(4, os.cpu_count() or 1))
+    modes = ("colocated", "disaggregated") if args.mode == "both" else (args.mode,)
+    res = search.plan(args.model, chip=args.chip, gpus=args.gpus, isl=args.isl,
+                      osl=args.osl, ttft_s=args.ttft, itl_s=args.itl, rate=args.rate,
+                      concurrency=args.concurrency, gpus_per_node=args.gpus_per_node,
+                      fabric=args.fabric, modes=modes, requests=args.requests,
+                      seed=args.seed, replay_top=args.replay_top, workers=workers,
+                      ray_address=args.ray, log=log)
+    if args.csv:
+        res.table.to_csv(args.csv, index=False)
+    if args.json:
+        text = json.dumps(res.to_json(), indent=2, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text)
+    if args.plot:
+        search.plot_front(res, args.plot)
+    if not quiet:
+        print(search.format_table(res, every=args.all))
+    return 0 if not res.front.empty else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jkernel", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -291,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--clock", default="expected_s", choices=["expected_s", "no_overlap_s"])
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(fn=_cmd_replay)
+    _add_plan(sub)
     return p
 
 

@@ -229,23 +229,31 @@ def import_residency(path: str | Path, deployment=DEFAULT_DEPLOYMENT, *,
     chunked = 0
     for r in sorted(np.nonzero(good)[0], key=lambda k: sends[k]):
         a, p = int(first_c[r]), prompts[r]
-        need, k, chunks = p, a, []
-        while need > 0 and k >= 0:
-            cap = max(budget - int(used[k]), 0)
+        # the steps it can have run in, back from its first token's step until their spare
+        # budget covers the prompt; then filled forward (each chunk as large as the budget
+        # left, the remainder last: vLLM V1's scheduler)
+        steps_back, room, k = [], 0, a
+        while room < p and k >= 0:
             if k < a and (k == 0 or end[k - 1] < sends[r]):
                 break                        # step k was scheduled before the request came
-            take = min(cap, need)
+            cap = max(budget - int(used[k]), 0)
+            if cap > 0 or k == a:
+                steps_back.append(k)
+                room += cap
+            k -= 1
+        if room < p:
+            hidden[a] = True                 # chunks ran in steps nobody else marked
+            steps_back = [a]
+        chunks, need = [], p
+        for k in reversed(steps_back):
+            take = need if k == a else min(max(budget - int(used[k]), 0), need)
             if take > 0:
                 chunks.append((k, take))
                 need -= take
-            k -= 1
-        if need > 0:
-            hidden[a] = True                 # chunks ran in steps nobody else marked
-            chunks = [(a, p)]
         if len(chunks) > 1:
             chunked += 1
-        done = p - sum(t for _, t in chunks)
-        for k, take in reversed(chunks):     # forward in time
+        done = 0
+        for k, take in chunks:               # forward in time
             comp[k].append((r, take, done))
             used[k] += take
             done += take

@@ -60,6 +60,7 @@ _UNITS = (("collective_floor", "us_per_transfer"), ("collective_", "bytes_per_us
           ("host_completion", "us_per_request"), ("host_launch_eager_per_layer", "us_per_layer"),
           ("host_replay_graph_per_step", "us_per_step"),
           ("host_launch_per_kernel", "us_per_transfer"), ("kernel_gap", "us_per_transfer"),
+          ("host_serial_per_request", "us_per_request"),
           ("host_serial", "us_per_step"), ("host_link_bandwidth", "bytes_per_us"))
 
 
@@ -217,6 +218,39 @@ def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None =
                       Scope(hardware=tuple(hardware), model=tuple(model)), e.ci95, e.sources,
                       e.rationale, e.copied_from, e.extra)
         out.append(e)
+    return out
+
+
+def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str) -> list[Entry]:
+    """Catalog entries of a :class:`calibration.stepfit.StepCalibration`: the fitted
+    engine-level constants with their data, fit, standard error and the held-out errors
+    before and after (``cite``: the measured runs; ``command``: how to reproduce)."""
+    from .stepfit import STEP_CONSTANTS
+    fit = cal.fit
+    held = [e for e in fit.errors if e[0] == "held-out" and e[1] == "fitted"]
+    heldout = held[0][2].to_dict() if held else None
+    after = [s for s in cal.summaries if s["when"] == "after"]
+    figures = "; ".join(f"{s['part']}: decode {s['decode']:.3f}, prefill {s['prefill']:.3f}, "
+                        f"decode slope {s['slope_ratio']:.3f}× measured" for s in after)
+    unid = ", ".join(sorted(cal.not_identified))
+    out = []
+    for name in fit.names:
+        lap = fit.laplace
+        if not lap.identifiable[name]:
+            continue
+        rationale = (f"Engine-level constant of vLLM on this chip fitted from measured whole "
+                     f"steps ({cite}); {STEP_CONSTANTS.get(name, name)}. Fit: {command} "
+                     f"(jax.grad of {fit.target} over {fit.steps_fit} steps, the first 70 % in "
+                     f"time, log-normal priors, fitted together with "
+                     f"{', '.join(n for n in fit.names if n != name)}; held out: the last 30 % "
+                     f"and a second run). Held-out median |log ratio| after: {figures}. Not "
+                     f"identified by these steps, so left at their profile values: {unid}. "
+                     "Transfers across models on the same chip and engine: it measures the "
+                     "engine and the chip, not the model (docs/calibrate.md).")
+        out.append(make_entry(name, fit.values[name], hardware=hardware, cite=cite,
+                              sha256=fit.trace_sha256, rows=fit.steps_fit + fit.steps_held,
+                              heldout=heldout, se_si=lap.se_value[name], ci_si=lap.ci95[name],
+                              identifiable=True, rationale=rationale))
     return out
 
 

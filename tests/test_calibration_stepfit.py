@@ -136,3 +136,78 @@ def test_validate_tables_count_every_usable_step(kernel, synthetic):
     kinds, size, usable = V.step_kinds(tr)
     assert t[t.batch == "all"].steps.sum() == usable.sum()
     assert t[t.batch != "all"].steps.sum() == usable.sum()
+
+
+# -- the shipped constants ---------------------------------------------------------------------
+
+ENGINE = ("host_serial", "host_serial_per_request", "compute_derate")
+DEFAULTS = {"host_serial": 0.0, "host_serial_per_request": 0.0, "compute_derate": 1.0}
+
+
+def _scenarios_on(chip, at_most=None):
+    """Kernels of the catalog's colocated scenarios on ``chip`` (read from the scenario
+    files' first document, so only those are opened)."""
+    import yaml
+    out = []
+    for name in jkernel.catalog.list_scenarios():
+        docs = list(yaml.safe_load_all(jkernel.catalog.scenario_path(name).read_text()))
+        dep = next((d for d in docs if d.get("kind") == "Deployment"), {})
+        if docs[0].get("cluster", {}).get("hardware") != chip or \
+                any(p.get("role", "colocated") != "colocated" for p in dep.get("pools", [])):
+            continue
+        out.append(jkernel.open(name))
+        if at_most and len(out) >= at_most:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def h100_kernels():
+    ks = _scenarios_on("h100")
+    assert len(ks) >= 5
+    return ks
+
+
+def test_every_h100_scenario_gets_the_same_engine_constants(h100_kernels):
+    """The step-trace constants are engine-level: every H100 scenario of the standard sets
+    reads the same fitted values (from the same entries), whatever the model; their
+    provenance names the measured runs."""
+    vals = {tuple(k.params.value(n) for n in ENGINE) for k in h100_kernels}
+    assert len(vals) == 1
+    hs, hpr, cd = vals.pop()
+    assert 100e-6 < hs < 2e-3 and 0 < hpr < 100e-6 and 0.5 < cd <= 1.0
+    for k in h100_kernels:
+        prov = {p.name: p for p in k.provenance()}
+        for n in ENGINE:
+            assert prov[n].method == "fitted", (k, n)
+
+
+def test_other_h100_models_shift_by_the_same_engine_terms(h100_kernels):
+    """Re-pricing every H100 model with the fitted constants against the profiles-only
+    values: a decode batch of n requests moves by exactly host_serial + n ×
+    host_serial_per_request in every model (the unhidden host time does not depend on the
+    model), and a 2k-token prefill's GPU part slows by more than 1 and at most
+    1/compute_derate (the same clock derate on each model's compute share; a hybrid model's
+    recurrent mixers are priced by rate, not FLOPs, so its share is smaller)."""
+    for k in h100_kernels:
+        p = k.params
+        hs, hpr, cd = (p.value(n) for n in ENGINE)
+        before = k.with_params(p.replace(**DEFAULTS))
+        no_derate = k.with_params(p.replace(compute_derate=1.0))
+        for n in (1, 8, 32):
+            b = jkernel.Batch([1] * n, [2000] * n)
+            d = float(no_derate.step_time(b).expected_s) - float(before.step_time(b).expected_s)
+            assert d == pytest.approx(hs + n * hpr, rel=1e-9), (k, n)
+        pre = jkernel.Batch([2048], [0])
+        host_only = k.with_params(p.replace(host_serial=0.0, host_serial_per_request=0.0))
+        ratio = float(host_only.step_time(pre).expected_s) / float(before.step_time(pre).expected_s)
+        assert 1.0 < ratio <= 1 / cd + 1e-9, (k, ratio)
+
+
+def test_chips_without_step_traces_keep_profile_values():
+    """No step trace was measured on other chips: their engine constants stay at the
+    profile-only defaults (recorded as jkernel's assumptions)."""
+    for k in _scenarios_on("h200", 2) + _scenarios_on("b200", 1):
+        for n, v in DEFAULTS.items():
+            assert k.params.value(n) == v
+            assert k.assumption(n) is not None

@@ -53,11 +53,7 @@ __all__ = [
 # Chips
 # --------------------------------------------------------------------------------------
 
-#: Catalog chip name → AIConfigurator profile folder.
-PROFILE_DIRS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
-                "b300": "b300_sxm", "l40s": "l40s", "a100-sxm": "a100_sxm"}
-#: Profile folder → catalog chip name.
-CATALOG_NAMES = {v: k for k, v in PROFILE_DIRS.items()}
+from .profiles import CATALOG_NAMES, PROFILE_DIRS  # noqa: E402  (the one chip-folder table)
 
 
 def chip_document(chip: str, catalog: str | Path | None = None):
@@ -526,9 +522,10 @@ def fit_chip(data_dir: str | Path, chip: str, *, settings: FitSettings = FitSett
 
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
+    from .profiles import profile_folder
     name = CATALOG_NAMES.get(chip, chip)
-    folder = PROFILE_DIRS.get(name, chip)
     doc = chip_document(name, catalog)
+    data_dir, folder = profile_folder(data_dir, name)
     say(f"[{name}] loading profiles from {Path(data_dir) / folder}")
     profiles = load_chip(data_dir, folder)
     fits: list[PrimitiveFit] = []

@@ -40,7 +40,7 @@ import numpy as np
 from .traces import StepTrace, TraceFit, fit_trace
 from .validate import predict, step_errors, step_kinds, summary
 
-__all__ = ["STEP_CONSTANTS", "CANDIDATES", "residual_terms", "jacobian", "explained",
+__all__ = ["STEP_CONSTANTS", "PROFILE_ONLY", "CANDIDATES", "residual_terms", "jacobian", "explained",
            "StepCalibration", "calibrate_steps"]
 
 #: The constants a vLLM step trace fixes (what the profiles cannot see), with their meaning.
@@ -52,6 +52,10 @@ STEP_CONSTANTS = {
     "compute_derate": "compute rate sustained in the engine relative to the isolated "
                       "kernels of the profiles (clocks under a whole model's load), in (0, 1]",
 }
+#: The values the step constants have without a step trace (what the profiles leave):
+#: :func:`calibrate_steps` starts from these, so a refit does not start from its own result.
+PROFILE_ONLY = {"host_serial": 0.0, "host_serial_per_request": 0.0, "compute_derate": 1.0,
+                "kernel_gap": 0.0}
 #: Candidates examined (stage 2) besides the chosen ones, and why each is not fitted when
 #: it is collinear with one of them.
 CANDIDATES = {
@@ -163,13 +167,18 @@ class StepCalibration:
 def calibrate_steps(trace: StepTrace, held: Sequence[tuple[str, StepTrace]] = (), *,
                     kernel=None, fit: Sequence[str] = tuple(STEP_CONSTANTS),
                     candidates: Sequence[str] = tuple(CANDIDATES), heldout: float = 0.3,
-                    steps: int = 400, progress: Callable[[str], None] | None = None
-                    ) -> StepCalibration:
+                    steps: int = 400, from_profiles: bool = True,
+                    progress: Callable[[str], None] | None = None) -> StepCalibration:
     """Stages 1–4 of the module docstring on ``trace`` (fitted on its first ``1 − heldout``
-    in time) with ``held`` = ``[(label, trace)]`` other runs entirely held out."""
+    in time) with ``held`` = ``[(label, trace)]`` other runs entirely held out.
+    ``from_profiles``: start (and report "before") from :data:`PROFILE_ONLY` for the
+    constants it names, not from the catalog's values, which may be an earlier fit's."""
     import pandas as pd
     say = progress or (lambda m: None)
     k = kernel if kernel is not None else trace.kernel()
+    if from_profiles:
+        k = k.with_params(k.params.replace(**{n: v for n, v in PROFILE_ONLY.items()
+                                              if n in k.params}))
     res = residual_terms(k, k.params, trace)
     for kind, r in res.items():
         say(f"catalog misses, {kind} steps: {r['per_step_s'] * 1e6:+.0f} µs per step, "

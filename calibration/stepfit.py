@@ -29,7 +29,6 @@ fixes and fits them, in four named stages:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 

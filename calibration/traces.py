@@ -69,6 +69,7 @@ from the Laplace covariance (:meth:`TraceFit.band`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -83,10 +84,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .fit import ErrorStats, _adam_run, soft_l1
+from .base import ErrorStats, adam_loop, soft_l1
 from .uncertainty import Laplace, gauss_newton, prediction_band
-
-jax.config.update("jax_enable_x64", True)
 
 __all__ = ["FORMAT", "VERSION", "TraceError", "StepTrace", "read_trace", "parse_trace",
            "write_trace", "trace_to_lines", "open_deployment", "generate_trace",
@@ -430,20 +429,12 @@ def _pricer(kernel, target: str):
     return price
 
 
-_PRICE_PROGRAMS: dict[tuple, tuple] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _price_program(step_fn, target: str):
     """A cached ``jax.jit`` of :func:`_pricer` for one step function and target."""
-    key = (id(step_fn), target)
-    hit = _PRICE_PROGRAMS.get(key)
-    if hit is None or hit[0] is not step_fn:
-        many = jax.vmap(step_fn, in_axes=(None, 0))
-        fn = jax.jit(lambda params, stacks: [jnp.log(getattr(many(params, a), target))
-                                             for a in stacks])
-        hit = (step_fn, fn)
-        _PRICE_PROGRAMS[key] = hit
-    return hit[1]
+    many = jax.vmap(step_fn, in_axes=(None, 0))
+    return jax.jit(lambda params, stacks: [jnp.log(getattr(many(params, a), target))
+                                           for a in stacks])
 
 
 def generate_trace(kernel, batches, *, params=None, noise: float = 0.03, seed: int = 0,
@@ -502,21 +493,14 @@ class _Programs:
 
         self.residuals = residuals
         self.res_jit = jax.jit(residuals)
-        self.adam = jax.jit(_adam_run(objective, steps, lr))
+        loop = jax.jit(adam_loop(objective, lr))
+        self.adam = lambda th0, data: loop(th0, data, int(steps))
 
 
-_PROGRAMS: dict[tuple, _Programs] = {}
-
-
+@functools.lru_cache(maxsize=8)
 def _programs(step_fn, names, target, steps, lr, delta) -> _Programs:
-    key = (id(step_fn), names, target, int(steps), float(lr), float(delta))
-    hit = _PROGRAMS.get(key)
-    if hit is None or hit[0] is not step_fn:
-        if len(_PROGRAMS) >= 8:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        hit = (step_fn, _Programs(step_fn, names, target, steps, lr, delta))
-        _PROGRAMS[key] = hit
-    return hit[1]
+    """The compiled programs of one fit structure (cached: refitting compiles nothing)."""
+    return _Programs(step_fn, names, target, steps, lr, delta)
 
 
 def _polish(residuals, res, objective, theta, data, mu, prior_sigma, sigma, delta, n_rows,
@@ -633,6 +617,8 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
     in time order (``end_s``, else file order).
     """
     say = progress or (lambda m: None)
+    import jkernel
+    jkernel.enable_x64()
     t0 = time.perf_counter()
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -674,7 +660,7 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
             notes.append(f"{n}: catalog value {catalog[n]:g}; started at "
                          f"{ZERO_SCALES.get(n, _DEFAULT_ZERO_SCALE):g} (SI) with the prior "
                          "centred there (kept at the catalog value if unidentified)")
-    prog = _programs(k.step_fn, names, target, steps, lr, delta)
+    prog = _programs(k.step_fn, names, target, int(steps), float(lr), float(delta))
     # every step in one set of stacks (fit and held-out together, told apart by a weight),
     # so one compiled program serves the fit, the Jacobian and the error tables
     stacks = trace.stacked(k.buckets)

@@ -55,14 +55,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-import yaml
-
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
-                                            coefficient_set_to_dict, load_coefficient_set)
+                                            load_coefficient_set)
 from jkernel.params import si_scale
 
 from .fit import REFERENCE, ChipFit, FitSettings, chip_document, fit_chip
-from .report import (CatalogDumper, make_entry, profile_entries, profile_report, round_sig,
+from .report import (catalog_yaml, make_entry, profile_entries, profile_report, round_sig,
                      save_plots, set_for)
 
 __all__ = ["CHIPS", "ALIASES", "DERIVED", "SETS", "STEP_RUNS", "merge_entries",
@@ -256,8 +254,7 @@ def _header(path: Path) -> str:
 
 
 def write_set(path: Path, cs: CoefficientSet) -> None:
-    text = yaml.dump(coefficient_set_to_dict(cs), Dumper=CatalogDumper, sort_keys=False, width=100,
-                     allow_unicode=True)
+    text = catalog_yaml(cs)
     header = _header(path) if path.exists() else _NOTE
     path.write_text(header + text, encoding="utf-8")
 

@@ -33,13 +33,13 @@ from typing import Iterable, Mapping, Sequence
 import yaml
 
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
-                                            dump_coefficient_set)
+                                            coefficient_set_to_dict)
 from jkernel.params import si_scale
 
 from .fit import ChipFit, PrimitiveFit
 
 __all__ = ["SET_OF", "set_for", "units_for", "round_sig", "make_entry", "profile_entries",
-           "trace_entries", "coefficient_set", "write_coefficient_set", "profile_report",
+           "trace_entries", "step_entries", "catalog_yaml", "CatalogDumper", "coefficient_set", "write_coefficient_set", "profile_report",
            "trace_report", "save_plots"]
 
 #: Which of the six standard sets a coefficient belongs to, by name prefix.
@@ -258,11 +258,20 @@ def coefficient_set(name: str, entries: Iterable[Entry]) -> CoefficientSet:
     return CoefficientSet(name, tuple(entries))
 
 
+def catalog_yaml(doc) -> str:
+    """The one YAML writer of the package: ``doc`` (a mapping, or a
+    :class:`~jkernel.documents.coefficients.CoefficientSet`) in the catalog's style
+    (:class:`CatalogDumper`)."""
+    if isinstance(doc, CoefficientSet):
+        doc = coefficient_set_to_dict(doc)
+    return yaml.dump(doc, Dumper=CatalogDumper, sort_keys=False, width=100, allow_unicode=True)
+
+
 def write_coefficient_set(path: str | Path, name: str, entries: Iterable[Entry], *,
                           header: str = "") -> Path:
     """Write a coefficient set (YAML, the catalog's format) with an optional comment header."""
     p = Path(path)
-    text = dump_coefficient_set(coefficient_set(name, entries))
+    text = catalog_yaml(coefficient_set(name, entries))
     if header:
         text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
     p.parent.mkdir(parents=True, exist_ok=True)

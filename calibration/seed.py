@@ -48,12 +48,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from .collectives import (PEAK_TOLERANCE, RING_16_OVER_8, Fit, extrapolate_16,  # noqa: F401
                           fit_collective, geometric_error, mean_abs_log_error, rounded,
                           scale_rates, written)
-from .report import CatalogDumper
+from .report import catalog_yaml
 
 __all__ = [
     "Fit", "PROFILED", "DERIVED", "OPS", "read_nccl_sweeps", "mean_abs_log_error",
@@ -234,7 +233,7 @@ HEADER = """\
 
 def write_set(entries, path: Path) -> None:
     doc = {"kind": "CoefficientSet", "name": "cost-model-collectives", "coefficients": entries}
-    text = yaml.dump(doc, Dumper=CatalogDumper, sort_keys=False, width=100, allow_unicode=True)
+    text = catalog_yaml(doc)
     path.write_text(HEADER + text)
 
 

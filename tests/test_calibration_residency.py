@@ -192,3 +192,33 @@ def test_cli_import_residency_writes_a_trace(tmp_path):
     assert tr.end_s is not None and np.all(np.diff(tr.end_s) >= 0)
     rec = import_residency(EXCERPT)
     assert len(tr) == len(rec.steps)
+
+
+def test_cli_traces_time_split_and_held_out_run(tmp_path):
+    """`traces --split time --held-trace`: fits the step constants on the first 70 % of the
+    excerpt's steps, writes them as fitted h100 entries, and reports the errors of another
+    trace (here the excerpt's own last third, written as a separate file) before and after."""
+    from calibration.traces import write_trace
+    rec = import_residency(EXCERPT)
+    steps = tmp_path / "steps.jsonl"
+    write_trace(steps, rec.trace)
+    tail = rec.trace.select(np.arange(len(rec.trace)) >= 2 * len(rec.trace) // 3)
+    held = tmp_path / "held.jsonl"
+    write_trace(held, tail)
+    out, csv = tmp_path / "fit.yaml", tmp_path / "held.csv"
+    r = subprocess.run([sys.executable, "-m", "calibration", "traces", "--traces", str(steps),
+                        "--split", "time", "--heldout", "0.3", "--steps", "150",
+                        "--fit", "host_serial,host_serial_per_request,compute_derate",
+                        "--exclude-flags", "idle_before", "--held-trace", str(held),
+                        "--report-csv", str(csv), "--out", str(out)],
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr
+    from jkernel.documents.coefficients import load_coefficient_set
+    cs = load_coefficient_set(out)
+    got = {e.name: e for e in cs.entries}
+    assert set(got) == {"host_serial", "host_serial_per_request", "compute_derate"}
+    assert got["host_serial_per_request"].units == "us_per_request"
+    assert 300 < got["host_serial"].value < 1500            # µs per step
+    table = pd.read_csv(csv)
+    assert set(table.kind) == {"decode", "prefill"}
+    assert "held-out run" in r.stderr and "(fitted)" in r.stderr

@@ -4,6 +4,7 @@
 
     python benchmarks/bench_calibration.py [--data ../shared/data/aic-op-profiles] [--chip h100]
                                            [--steps 10000] [--skip-profiles]
+                                           [--residency ../shared/data/residency-vllm]
 
 Prints wall and process CPU seconds of each. The issue's targets: a chip's full profile fit
 ≤ 120 s and a 10,000-step trace fit ≤ 60 s, on 2 cores. Without the shared data the profile
@@ -83,6 +84,31 @@ def bench_trace(n_steps: int) -> None:
 SCEN = "llama-3.1-8b-h100-tp1"
 
 
+def bench_residency(root: Path, out: Path) -> None:
+    """``python -m calibration import residency`` on both runs and ``traces`` on the first
+    (the second held out), each as its own process, as a user runs them."""
+    import subprocess
+    out.mkdir(parents=True, exist_ok=True)
+    runs = (("sweep_rate/agg_2rps", "residency-2rps.jsonl"),
+            ("sweep_tenants/1T_agg_2rps", "residency-1T-2rps.jsonl"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def timed(label, cmd):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "calibration", *cmd], check=True, env=env,
+                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"{label}: {time.perf_counter() - t:.1f} s wall")
+
+    for rel, name in runs:
+        timed(f"import residency {rel}", ["import", "residency", str(root / rel),
+                                          "--out", str(out / name)])
+    timed("traces (3 constants, 32,209 steps fitted, 13,804 + 46,621 held out)",
+          ["traces", "--traces", str(out / runs[0][1]), "--split", "time", "--heldout", "0.3",
+           "--fit", "host_serial,host_serial_per_request,compute_derate",
+           "--exclude-flags", "idle_before", "--held-trace", str(out / runs[1][1]),
+           "--out", str(out / "vllm-h100-steps.yaml"), "--quiet"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/aic-op-profiles"))
@@ -90,6 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--skip-profiles", action="store_true")
     ap.add_argument("--skip-trace", action="store_true")
+    ap.add_argument("--residency", default=str(ROOT.parent / "shared/data/residency-vllm"),
+                    help="the residency-vllm root: time import residency and traces on it")
+    ap.add_argument("--skip-residency", action="store_true")
     a = ap.parse_args(argv)
     print(f"cores available: {len(os.sched_getaffinity(0))}")
     if not a.skip_profiles:
@@ -100,6 +129,11 @@ def main(argv=None) -> int:
         bench_profiles(data, a.chip)
     if not a.skip_trace:
         bench_trace(a.steps)
+    if not a.skip_residency:
+        if Path(a.residency).is_dir():
+            bench_residency(Path(a.residency), ROOT / "build" / "bench-residency")
+        else:
+            print(f"no residency data at {a.residency}: skipped")
     return 0
 
 

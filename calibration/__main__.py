@@ -6,6 +6,11 @@
         --out build/calibrated-h100.yaml
     python -m calibration traces --scenario llama-3.1-8b-h100-tp1 --traces steps.jsonl \\
         --fit hbm_derate,host_serial --out build/trace-fit.yaml
+    python -m calibration import residency ../shared/data/residency-vllm/sweep_rate/agg_2rps \\
+        --out build/steps.jsonl
+    python -m calibration traces --traces build/steps.jsonl --split time --heldout 0.3 \\
+        --fit host_serial,host_serial_per_request,compute_derate --exclude-flags idle_before \\
+        --held-trace build/steps-1T.jsonl --out build/vllm-h100.yaml
     python -m calibration import splitwise --in ../shared/data/splitwise/data/perf_model.csv \\
         --out build/splitwise-h100-tp4.jsonl --hardware h100-80gb --tp 4
 
@@ -14,7 +19,8 @@
 output path with ``.md``) and its PNG plots when matplotlib is installed. ``traces`` fits the
 named parameters against a step trace (``calibration.traces`` documents the format) and writes
 the identifiable ones. ``import`` converts Splitwise's table, aggregate forward-pass rows
-(CSV) or streamed token timestamps (JSON) into a step trace. Progress goes to stderr.
+(CSV), streamed token timestamps (JSON) or a streamed serving run's ``trace.csv`` +
+``trace.itl.csv`` (``residency``, :mod:`calibration.residency`) into a step trace. Progress goes to stderr.
 Exit status: 0 on success, 2 on bad input (a clear message naming the file).
 """
 
@@ -91,7 +97,7 @@ def cmd_traces(a) -> int:
                     heldout=a.heldout, seed=a.seed,
                     prior_sigma=__import__("math").log(a.prior_factor),
                     exclude_flags=tuple(f for f in (a.exclude_flags or "").split(",") if f),
-                    progress=say)
+                    split=a.split, progress=say)
     hardware = [a.hardware] if a.hardware else [kernel.inputs.scenario.cluster.hardware]
     model = [kernel.inputs.scenario.model] if a.scope_model else None
     command = "python -m calibration " + " ".join(shlex.quote(x) for x in a.argv)
@@ -113,6 +119,7 @@ def cmd_traces(a) -> int:
     for part, curve, st in fit.errors:
         say(f"{part:8s} {curve:8s} |log ratio| median {st.median:.4f} p90 {st.p90:.4f}")
     say(f"wrote {len(entries)} entries to {out} and the report {rep}")
+    _held_reports(a, fit, say)
     return 0
 
 
@@ -121,6 +128,10 @@ def cmd_import(a) -> int:
     from .traces import write_trace
 
     say = _progress(a.quiet)
+    if a.kind == "residency":
+        return _import_residency(a, say)
+    if a.input is None:
+        raise SystemExit(f"import {a.kind} needs --in")
     if a.kind == "splitwise":
         tr = importers.from_splitwise(a.input, model=a.model, hardware=a.hardware,
                                       tensor_parallel=a.tp, scenario=a.deployment)
@@ -138,6 +149,43 @@ def cmd_import(a) -> int:
     write_trace(a.out, tr)
     say(f"wrote {len(tr)} steps to {a.out}" + (f" (skipped {tr.skipped})" if tr.skipped else ""))
     return 0
+
+
+def _import_residency(a, say) -> int:
+    from .residency import DEFAULT_DEPLOYMENT, import_residency
+    from .traces import write_trace
+
+    path = a.path or a.input
+    if path is None:
+        raise SystemExit("import residency needs the run's folder (DIR or --in DIR)")
+    rec = import_residency(path, a.deployment or DEFAULT_DEPLOYMENT,
+                           max_num_batched_tokens=a.max_num_batched_tokens,
+                           tolerance_s=a.tolerance)
+    say(rec.summary())
+    write_trace(a.out, rec.trace)
+    say(f"wrote {len(rec.trace)} steps to {a.out}")
+    return 0
+
+
+def _held_reports(a, fit, say) -> None:
+    """``traces --held-trace``: the fit's errors on other runs, entirely held out."""
+    from .traces import read_trace
+    from .validate import step_errors, summary
+
+    tables = []
+    k = fit.kernel
+    for path in a.held_trace or ():
+        tr = read_trace(path)
+        for label, params in (("catalog", k.params), ("fitted", fit.params())):
+            s = summary(k, params, tr, part=f"{Path(path).name} {label}")
+            say(f"held-out run {path} ({label}): decode |log ratio| median {s['decode']:.4f}, "
+                f"prefill {s['prefill']:.4f}; decode slope {s['slope_predicted_s'] * 1e6:.1f} "
+                f"µs/request vs measured {s['slope_measured_s'] * 1e6:.1f}")
+            tables.append(step_errors(k, params, tr, part=f"{path} {label}"))
+    if tables and a.report_csv:
+        import pandas as pd
+        pd.concat(tables).to_csv(a.report_csv, index=False)
+        say(f"wrote per-kind and per-batch errors to {a.report_csv}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prior-factor", type=float, default=3.0,
                    help="log-normal prior width around the catalog values (a factor)")
     t.add_argument("--exclude-flags", help="comma list of step flags to leave out")
+    t.add_argument("--split", choices=("hash", "time"), default="hash",
+                   help="held-out steps: a hash-chosen fraction, or the last fraction in time")
+    t.add_argument("--held-trace", action="append",
+                   help="another trace of the same deployment, entirely held out (repeatable)")
+    t.add_argument("--report-csv", help="per-kind and per-batch-size errors of the held-out "
+                                        "traces (CSV)")
     t.add_argument("--hardware", help="scope of the written entries (default the chip)")
     t.add_argument("--scope-model", action="store_true",
                    help="also scope the entries to the deployment's model")
@@ -191,8 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_traces)
 
     i = sub.add_parser("import", help="convert other measurements into a step trace")
-    i.add_argument("kind", choices=("splitwise", "aggregate", "timestamps"))
-    i.add_argument("--in", dest="input", required=True)
+    i.add_argument("kind", choices=("splitwise", "aggregate", "timestamps", "residency"))
+    i.add_argument("path", nargs="?", help="residency: the run's folder (trace.csv and "
+                                           "trace.itl.csv, or a patched/ folder holding them)")
+    i.add_argument("--in", dest="input")
+    i.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="residency: the engine's token budget per step (chunked prefill)")
     i.add_argument("--out", required=True)
     i.add_argument("--deployment", help="scenario name or bundle path for the trace header")
     i.add_argument("--model", default="llama2-70b")

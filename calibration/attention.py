@@ -40,7 +40,7 @@ import numpy as np
 
 from jkernel import laws
 
-from .fit import (REFERENCE, ErrorRow, ErrorStats, Param, PrimitiveFit, Problem, columns,
+from .base import (REFERENCE, ErrorRow, ErrorStats, Param, PrimitiveFit, Problem, columns,
                   plot_series, slices_table, solve)
 
 __all__ = ["fit_decode_attention", "fit_prefill_attention", "prefill_work"]

@@ -8,7 +8,7 @@ three coefficients of step.md §2's law, :func:`jkernel.laws.collective_time`::
 
 named ``collective_{floor,transition_rate,peak_rate}_<op>_fp16_<N>rank_<chip>``. All groups
 are fitted in one vectorised problem (log-space parameters gathered per row), starting from
-the deterministic grid search of :func:`calibration.seed.fit_collective` (the catalog's
+the deterministic grid search of :func:`fit_collective` (the catalog's
 previous rule), which is also reported as a comparison curve on the same rows. The
 ``int8`` rows are not fitted: ``collective_*_int8_*`` is never read (documents.md §8.6).
 
@@ -31,21 +31,132 @@ composite vLLM would run: custom all-reduce (graph variant) rows below 8 MiB (vL
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass, replace
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jkernel import laws
+from jkernel.laws import collective_time
 
-from .fit import (ErrorRow, ErrorStats, Param, PrimitiveFit, Problem, columns, plot_series,
+from .base import (ErrorRow, ErrorStats, Param, PrimitiveFit, Problem, columns, plot_series,
                   slices_table, solve)
 
-__all__ = ["OPS", "CUSTOM_AR_MAX_BYTES", "collective_names", "fit_collectives"]
+__all__ = ["OPS", "CUSTOM_AR_MAX_BYTES", "collective_names", "fit_collectives", "Fit",
+           "fit_collective", "mean_abs_log_error", "geometric_error", "written", "rounded",
+           "extrapolate_16", "scale_rates", "PEAK_TOLERANCE", "RING_16_OVER_8"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 #: vLLM's default custom all-reduce buffer (``CustomAllreduce(max_size=8192 * 1024)``).
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+
+
+
+# --------------------------------------------------------------------------------------
+# The grid-search fit of one collective law (the seed's rule, the start of the Adam fit)
+# --------------------------------------------------------------------------------------
+
+RING_16_OVER_8 = 14.0 / 15.0   # (16/15) / (8/7): bus-bandwidth factor, 8 → 16 ranks
+PEAK_TOLERANCE = 1e-3          # mean |log ratio| a binding peak must save to be kept
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fitted law in SI units, with where it came from."""
+
+    floor_s: float
+    peak_per_s: float
+    transition_per_s: float
+    geo_error: float = float("nan")   # exp(mean |log(pred/measured)|) on the fitted rows
+    rows: int = 0
+    source: str = ""                  # data file (relative to the data root) or derivation
+
+
+@jax.jit
+def _mean_abs_log(b, t, floor_s, peak_per_s, transition_per_s):
+    pred = collective_time(b, floor_s[..., None], peak_per_s[..., None],
+                           transition_per_s[..., None])
+    return jnp.mean(jnp.abs(jnp.log(pred / t)), axis=-1)
+
+
+def mean_abs_log_error(nbytes, seconds, floor_s, peak_per_s, transition_per_s):
+    """Mean over points of ``|log(collective_time / measured)|``. The parameters may be arrays
+    of candidates (shape ``(K,)``), and then the result has shape ``(K,)``. Float32, jitted."""
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return _mean_abs_log(f32(nbytes), f32(seconds), f32(floor_s), f32(peak_per_s),
+                         f32(transition_per_s))
+
+
+def fit_collective(nbytes, seconds, rounds: int = 14) -> Fit:
+    """Fit (floor, peak, transition) to measured ``(nbytes, seconds)``. The search is
+    deterministic: a 15³ grid over log-parameters, centred on the smallest latency and the
+    best measured throughput, then 9³ grids at half the width around the best point each
+    round."""
+    b = np.asarray(nbytes, float)
+    t = np.asarray(seconds, float)
+    best_tput = float(np.max(b / t))
+    centre = np.log([float(np.min(t)), best_tput, best_tput])
+    half = np.log([4.0, 30.0, 30.0])
+    size = 15
+    for _ in range(rounds):
+        axes = [c + h * np.linspace(-1.0, 1.0, size) for c, h in zip(centre, half)]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
+        err = np.asarray(mean_abs_log_error(b, t, *np.exp(grid).T))
+        centre = grid[int(np.argmin(err))]
+        half, size = half / 2.0, 9
+    floor_s, peak, trans = (float(x) for x in np.exp(centre))
+    fit = Fit(floor_s, peak, trans, rows=len(b))
+    # A peak that binds nowhere, or improves the error by less than PEAK_TOLERANCE, is not
+    # identified by the data: record max(transition, best throughput), which binds nowhere.
+    loose = replace(fit, peak_per_s=max(trans, best_tput))
+    if mean_abs_log_error(b, t, *_params(loose)) <= mean_abs_log_error(b, t, *_params(fit)) \
+            + PEAK_TOLERANCE:
+        fit = loose
+    return replace(fit, geo_error=geometric_error(b, t, fit))
+
+
+def _params(fit: Fit):
+    return fit.floor_s, fit.peak_per_s, fit.transition_per_s
+
+
+def geometric_error(nbytes, seconds, fit: Fit) -> float:
+    """``exp(mean |log ratio|)`` of ``fit`` on the points, e.g. 1.14 for a typical 14 % miss."""
+    return float(np.exp(mean_abs_log_error(nbytes, seconds, fit.floor_s, fit.peak_per_s,
+                                           fit.transition_per_s)))
+
+
+def written(fit: Fit) -> tuple[float, int, int]:
+    """The values as written: floor in µs to 0.01, rates in whole bytes/µs (half up)."""
+    up = lambda x: math.floor(x + 0.5)
+    return (up(fit.floor_s * 1e8) / 100.0, up(fit.peak_per_s / 1e6),
+            up(fit.transition_per_s / 1e6))
+
+
+def rounded(fit: Fit) -> Fit:
+    """``fit`` with its parameters replaced by the written values (back in SI units)."""
+    floor_us, peak, trans = written(fit)
+    return replace(fit, floor_s=floor_us * 1e-6, peak_per_s=peak * 1e6,
+                   transition_per_s=trans * 1e6)
+
+
+def extrapolate_16(fit4: Fit, fit8: Fit) -> Fit:
+    """16-rank law from the 4- and 8-rank fits: floor × (floor8/floor4, at least 1), and
+    rates × 14/15."""
+    growth = max(fit8.floor_s / fit4.floor_s, 1.0)
+    return Fit(fit8.floor_s * growth, fit8.peak_per_s * RING_16_OVER_8,
+               fit8.transition_per_s * RING_16_OVER_8,
+               source=f"extrapolated from 4- and 8-rank fits ({fit8.source})")
+
+
+def scale_rates(fit: Fit, factor: float, source: str) -> Fit:
+    """The same law with both rates multiplied by ``factor`` (floor kept)."""
+    return replace(fit, peak_per_s=fit.peak_per_s * factor,
+                   transition_per_s=fit.transition_per_s * factor,
+                   geo_error=float("nan"), source=source)
+
 
 
 def collective_names(op: str, width: int, chip: str) -> tuple[str, str, str]:
@@ -67,7 +178,6 @@ def _predict(groups):
 
 
 def _seed_start(nbytes, seconds):
-    from .seed import fit_collective
     f = fit_collective(nbytes, seconds)
     return f.floor_s, f.peak_per_s, f.transition_per_s
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from jkernel import laws
 
-from .fit import (REFERENCE, REFERENCE_HBM_DERATE, Param, PlotSeries, PrimitiveFit,
+from .base import (REFERENCE, REFERENCE_HBM_DERATE, Param, PlotSeries, PrimitiveFit,
                   Problem, columns, plot_series, slices_table, solve)
 
 __all__ = ["GEMM_DTYPES", "WEIGHT_BYTES", "ACTIVATION_BYTES", "peak_for", "gemm_problem",

@@ -40,7 +40,7 @@ import numpy as np
 
 from jkernel import laws
 
-from .fit import (REFERENCE, REFERENCE_HBM_DERATE, Param, PrimitiveFit, Problem, columns,
+from .base import (REFERENCE, REFERENCE_HBM_DERATE, Param, PrimitiveFit, Problem, columns,
                   held_mask, plot_series, slices_table, solve)
 from .gemm import WEIGHT_BYTES, peak_for, reference_ramps
 

@@ -1226,6 +1226,47 @@ def _version_key(name: str):
     return key
 
 
+#: Catalog chip name → AIConfigurator profile folder, where the two differ by more than the
+#: rules of :func:`profile_folder` (the one table of chip folders in the package).
+PROFILE_DIRS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
+                "b300": "b300_sxm", "l40s": "l40s", "a100-sxm": "a100_sxm"}
+#: Profile folder → catalog chip name.
+CATALOG_NAMES = {v: k for k, v in PROFILE_DIRS.items()}
+_OPS = ("gemm", "attention", "moe", "comm", "mla", "mla_bmm", "linear_attention",
+        "sparse_attention", "msa")
+
+
+def _is_chip_folder(p: Path) -> bool:
+    """A folder in the ``<op>/<framework>/<version>/<table>.parquet`` layout."""
+    return p.is_dir() and any((p / op).is_dir() and any((p / op).glob("*/*/*.parquet"))
+                              for op in _OPS)
+
+
+def profile_folder(data_dir: PathLike, chip: str) -> tuple[Path, str]:
+    """``(root, folder)`` of ``chip``'s AIConfigurator tables, so that ``root / folder`` holds
+    ``<op>/<framework>/<version>/*.parquet``.
+
+    ``data_dir`` is either the chip's folder itself (any name) or a data root whose folders
+    are named as AIConfigurator names its systems. Under a root the folder is, in order:
+    :data:`PROFILE_DIRS`'s entry, the chip's name, with ``-`` as ``_``, with ``_sxm``
+    appended, and the part before the first ``-`` (``gb200-nvl72`` → ``gb200``) with and
+    without ``_sxm``. None found is a :class:`ProfileError` listing the folders there.
+    """
+    root = Path(data_dir)
+    if _is_chip_folder(root):
+        return root.parent, root.name
+    base = chip.lower()
+    cands = [PROFILE_DIRS.get(base), base, base.replace("-", "_"),
+             base.replace("-", "_") + "_sxm", base.split("-")[0], base.split("-")[0] + "_sxm"]
+    for c in dict.fromkeys(x for x in cands if x):
+        if _is_chip_folder(root / c):
+            return root, c
+    have = sorted(p.name for p in root.iterdir() if _is_chip_folder(p)) if root.is_dir() else []
+    raise ProfileError(f"no profile folder for chip {chip!r} under {root} (tried "
+                       f"{list(dict.fromkeys(x for x in cands if x))}; chip folders here: "
+                       f"{have or 'none'}; or pass the chip's folder itself)", file=root)
+
+
 def load_chip(data_dir: PathLike, chip: str) -> ChipProfiles:
     """Load every known table of ``chip`` under an AIConfigurator-layout ``data_dir``
     (``<data_dir>/<chip>/<op>/<framework>/<version>/*.parquet``).

@@ -32,6 +32,13 @@ rule: an existing entry of the same name whose hardware scope names the chip los
 from its list (and is dropped when nothing is left); the new entry takes its place in file
 order; a name not present is appended. Each file's comment header is kept, with a note.
 
+4. **Step-trace constants** (``--steps``, the residency-vllm data root): the two measured
+   vLLM runs on one H100 are imported (:mod:`calibration.residency`) and
+   :func:`calibration.stepfit.calibrate_steps` fits the engine-level constants
+   (``host_serial``, ``host_serial_per_request`` → ``cost-model-host-overheads``,
+   ``compute_derate`` → ``cost-model-primitives``), written for ``h100`` by the same
+   replacement rule (``regenerate_steps``).
+
 Afterwards every scenario of ``catalog/scenarios`` is opened (``jkernel.open``, or
 ``jkernel.open_pool`` per pool of a disaggregated one) and prices a batch; a failure is
 reported and the exit status is 1. Reports (Markdown and plots) of each chip's fit go to
@@ -48,18 +55,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-import yaml
-
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
-                                            coefficient_set_to_dict, load_coefficient_set)
+                                            load_coefficient_set)
 from jkernel.params import si_scale
 
 from .fit import REFERENCE, ChipFit, FitSettings, chip_document, fit_chip
-from .report import (CatalogDumper, make_entry, profile_entries, profile_report, round_sig,
+from .report import (catalog_yaml, make_entry, profile_entries, profile_report, round_sig,
                      save_plots, set_for)
 
-__all__ = ["CHIPS", "ALIASES", "DERIVED", "SETS", "merge_entries", "derived_entries",
-           "sixteen_rank_entries", "regenerate", "check_scenarios", "main"]
+__all__ = ["CHIPS", "ALIASES", "DERIVED", "SETS", "STEP_RUNS", "merge_entries",
+           "derived_entries", "sixteen_rank_entries", "regenerate", "regenerate_steps",
+           "check_scenarios", "main"]
 
 CHIPS = ("h100", "h200", "b200", "b300", "l40s", "a100-sxm")
 ALIASES = {"a100-sxm": ("a100-80",)}
@@ -248,8 +254,7 @@ def _header(path: Path) -> str:
 
 
 def write_set(path: Path, cs: CoefficientSet) -> None:
-    text = yaml.dump(coefficient_set_to_dict(cs), Dumper=CatalogDumper, sort_keys=False, width=100,
-                     allow_unicode=True)
+    text = catalog_yaml(cs)
     header = _header(path) if path.exists() else _NOTE
     path.write_text(header + text, encoding="utf-8")
 
@@ -361,10 +366,52 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
             "seconds": time.perf_counter() - t0}
 
 
+#: The residency-vllm runs (relative to its root): the fitted one and the one held out.
+STEP_RUNS = ("sweep_rate/agg_2rps", "sweep_tenants/1T_agg_2rps")
+
+
+def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None = None,
+                     hardware: tuple[str, ...] = ("h100",),
+                     progress: Callable[[str], None] | None = None) -> dict:
+    """Stage 4 of the module docstring. Returns ``{"calibration", "written", "checks",
+    "failed"}``."""
+    from jkernel.catalog import catalog_root
+    from .report import set_for, step_entries
+    from .residency import import_residency
+    from .stepfit import calibrate_steps
+
+    say = progress or (lambda m: None)
+    root = Path(catalog) if catalog is not None else catalog_root()
+    data = Path(residency_root)
+    runs = []
+    for rel in STEP_RUNS:
+        rec = import_residency(data / rel)
+        say(f"{rel}: {rec.summary()}")
+        runs.append((rel, rec.trace))
+    cal = calibrate_steps(runs[0][1], runs[1:], progress=say)
+    cite = (f"inference-sim/residency-vllm @ 2641b576: {STEP_RUNS[0]} (fitted) and "
+            f"{STEP_RUNS[1]} (held out), vLLM 0.23.0, Qwen3-14B bf16, one H100 80GB")
+    cmd = f"python -m calibration.regenerate --steps {residency_root}"
+    new: dict[str, list[Entry]] = {}
+    for e in step_entries(cal, hardware=hardware, cite=cite, command=cmd):
+        new.setdefault(set_for(e.name), []).append(e)
+    written = {}
+    for sname, ents in new.items():
+        path = root / "coefficients" / f"{sname}.yaml"
+        existing = load_coefficient_set(path).entries if path.exists() else ()
+        write_set(path, CoefficientSet(sname, tuple(merge_entries(existing, ents))))
+        written[sname] = [e.name for e in ents]
+        say(f"{path}: wrote {', '.join(e.name for e in ents)}")
+    checks = check_scenarios(root)
+    bad = [c for c in checks if isinstance(c[2], str)]
+    return {"calibration": cal, "written": written, "checks": checks, "failed": bad}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibration.regenerate",
                                  description="Regenerate the catalog's calibrated coefficients.")
-    ap.add_argument("--data", required=True, help="the aic-op-profiles directory")
+    ap.add_argument("--data", help="the aic-op-profiles directory (the profile stages)")
+    ap.add_argument("--steps", help="the residency-vllm data root (the step-trace stage)")
     ap.add_argument("--catalog", help="catalog root (default: the shipped catalog)")
     ap.add_argument("--chips", default=",".join(CHIPS))
     ap.add_argument("--reports", default="build/calibration",
@@ -378,9 +425,15 @@ def main(argv=None) -> int:
     def say(m):
         if not a.quiet:
             print(f"[{time.perf_counter() - t0:7.1f} s] {m}", file=sys.stderr, flush=True)
-    out = regenerate(a.data, catalog=a.catalog, chips=[c for c in a.chips.split(",") if c],
-                     settings=FitSettings(kernel_gap=a.kernel_gap),
-                     reports=a.reports or None, progress=say)
+    if not a.data and not a.steps:
+        ap.error("give --data (profiles), --steps (step traces) or both")
+    out = {"checks": [], "failed": []}
+    if a.data:
+        out = regenerate(a.data, catalog=a.catalog, chips=[c for c in a.chips.split(",") if c],
+                         settings=FitSettings(kernel_gap=a.kernel_gap),
+                         reports=a.reports or None, progress=say)
+    if a.steps:
+        out = regenerate_steps(a.steps, catalog=a.catalog, progress=say)
     for name, role, res in out["checks"]:
         status = f"expected_s {res * 1e3:.3f} ms" if not isinstance(res, str) else f"FAILED: {res}"
         print(f"{name:45s} {role:10s} {status}")

@@ -33,13 +33,13 @@ from typing import Iterable, Mapping, Sequence
 import yaml
 
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
-                                            dump_coefficient_set)
+                                            coefficient_set_to_dict)
 from jkernel.params import si_scale
 
 from .fit import ChipFit, PrimitiveFit
 
 __all__ = ["SET_OF", "set_for", "units_for", "round_sig", "make_entry", "profile_entries",
-           "trace_entries", "coefficient_set", "write_coefficient_set", "profile_report",
+           "trace_entries", "step_entries", "catalog_yaml", "CatalogDumper", "coefficient_set", "write_coefficient_set", "profile_report",
            "trace_report", "save_plots"]
 
 #: Which of the six standard sets a coefficient belongs to, by name prefix.
@@ -60,6 +60,7 @@ _UNITS = (("collective_floor", "us_per_transfer"), ("collective_", "bytes_per_us
           ("host_completion", "us_per_request"), ("host_launch_eager_per_layer", "us_per_layer"),
           ("host_replay_graph_per_step", "us_per_step"),
           ("host_launch_per_kernel", "us_per_transfer"), ("kernel_gap", "us_per_transfer"),
+          ("host_serial_per_request", "us_per_request"),
           ("host_serial", "us_per_step"), ("host_link_bandwidth", "bytes_per_us"))
 
 
@@ -220,15 +221,57 @@ def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None =
     return out
 
 
+def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str) -> list[Entry]:
+    """Catalog entries of a :class:`calibration.stepfit.StepCalibration`: the fitted
+    engine-level constants with their data, fit, standard error and the held-out errors
+    before and after (``cite``: the measured runs; ``command``: how to reproduce)."""
+    from .stepfit import STEP_CONSTANTS
+    fit = cal.fit
+    held = [e for e in fit.errors if e[0] == "held-out" and e[1] == "fitted"]
+    heldout = held[0][2].to_dict() if held else None
+    after = [s for s in cal.summaries if s["when"] == "after"]
+    figures = "; ".join(f"{s['part']}: decode {s['decode']:.3f}, prefill {s['prefill']:.3f}, "
+                        f"decode slope {s['slope_ratio']:.3f}× measured" for s in after)
+    unid = ", ".join(sorted(cal.not_identified))
+    out = []
+    for name in fit.names:
+        lap = fit.laplace
+        if not lap.identifiable[name]:
+            continue
+        rationale = (f"Engine-level constant of vLLM on this chip fitted from measured whole "
+                     f"steps ({cite}); {STEP_CONSTANTS.get(name, name)}. Fit: {command} "
+                     f"(jax.grad of {fit.target} over {fit.steps_fit} steps, the first 70 % in "
+                     f"time, log-normal priors, fitted together with "
+                     f"{', '.join(n for n in fit.names if n != name)}; held out: the last 30 % "
+                     f"and a second run). Held-out median |log ratio| after: {figures}. Not "
+                     f"identified by these steps, so left at their profile values: {unid}. "
+                     "Transfers across models on the same chip and engine: it measures the "
+                     "engine and the chip, not the model (docs/calibrate.md).")
+        out.append(make_entry(name, fit.values[name], hardware=hardware, cite=cite,
+                              sha256=fit.trace_sha256, rows=fit.steps_fit + fit.steps_held,
+                              heldout=heldout, se_si=lap.se_value[name], ci_si=lap.ci95[name],
+                              identifiable=True, rationale=rationale))
+    return out
+
+
 def coefficient_set(name: str, entries: Iterable[Entry]) -> CoefficientSet:
     return CoefficientSet(name, tuple(entries))
+
+
+def catalog_yaml(doc) -> str:
+    """The one YAML writer of the package: ``doc`` (a mapping, or a
+    :class:`~jkernel.documents.coefficients.CoefficientSet`) in the catalog's style
+    (:class:`CatalogDumper`)."""
+    if isinstance(doc, CoefficientSet):
+        doc = coefficient_set_to_dict(doc)
+    return yaml.dump(doc, Dumper=CatalogDumper, sort_keys=False, width=100, allow_unicode=True)
 
 
 def write_coefficient_set(path: str | Path, name: str, entries: Iterable[Entry], *,
                           header: str = "") -> Path:
     """Write a coefficient set (YAML, the catalog's format) with an optional comment header."""
     p = Path(path)
-    text = dump_coefficient_set(coefficient_set(name, entries))
+    text = catalog_yaml(coefficient_set(name, entries))
     if header:
         text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,10 @@ Usage::
 
     python -m calibration.seed --data /work/shared/data/aic-op-profiles --out catalog/coefficients
 
-This is a stopgap that gives the shipped catalog measured collectives. The calibration issue
-replaces it with ``python -m calibration profiles``.
+The numerical core (the grid-search fit of one collective law, the 16-rank rule) lives in
+:mod:`calibration.collectives`, where ``python -m calibration profiles`` uses it as its
+starting point; this module keeps the seed's reader, entry builder and command line, which
+wrote the catalog's first collectives.
 
 Where the numbers come from:
 
@@ -42,17 +44,15 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import jax
-import jax.numpy as jnp
-import yaml
 
-from jkernel.laws import collective_time
-
-from .report import CatalogDumper
+from .collectives import (PEAK_TOLERANCE, RING_16_OVER_8, Fit, extrapolate_16,  # noqa: F401
+                          fit_collective, geometric_error, mean_abs_log_error, rounded,
+                          scale_rates, written)
+from .report import catalog_yaml
 
 __all__ = [
     "Fit", "PROFILED", "DERIVED", "OPS", "read_nccl_sweeps", "mean_abs_log_error",
@@ -92,22 +92,6 @@ DERIVED = {
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 HALF_BYTES = 2          # bytes per element of a "half" NCCL row
-RING_16_OVER_8 = 14.0 / 15.0   # (16/15) / (8/7): bus-bandwidth factor, 8 → 16 ranks
-PEAK_TOLERANCE = 1e-3          # mean |log ratio| a binding peak must save to be kept
-
-
-@dataclass(frozen=True)
-class Fit:
-    """One fitted law in SI units, with where it came from."""
-
-    floor_s: float
-    peak_per_s: float
-    transition_per_s: float
-    geo_error: float = float("nan")   # exp(mean |log(pred/measured)|) on the fitted rows
-    rows: int = 0
-    source: str = ""                  # data file (relative to the data root) or derivation
-
-
 # --------------------------------------------------------------------------- data
 
 
@@ -133,89 +117,6 @@ def read_nccl_sweeps(path: Path, bytes_per_element: float = HALF_BYTES):
 
 
 # --------------------------------------------------------------------------- fitting
-
-
-@jax.jit
-def _mean_abs_log(b, t, floor_s, peak_per_s, transition_per_s):
-    pred = collective_time(b, floor_s[..., None], peak_per_s[..., None],
-                           transition_per_s[..., None])
-    return jnp.mean(jnp.abs(jnp.log(pred / t)), axis=-1)
-
-
-def mean_abs_log_error(nbytes, seconds, floor_s, peak_per_s, transition_per_s):
-    """Mean over points of ``|log(collective_time / measured)|``. The parameters may be arrays
-    of candidates (shape ``(K,)``), and then the result has shape ``(K,)``. Float32, jitted."""
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
-    return _mean_abs_log(f32(nbytes), f32(seconds), f32(floor_s), f32(peak_per_s),
-                         f32(transition_per_s))
-
-
-def fit_collective(nbytes, seconds, rounds: int = 14) -> Fit:
-    """Fit (floor, peak, transition) to measured ``(nbytes, seconds)``. The search is
-    deterministic: a 15³ grid over log-parameters, centred on the smallest latency and the
-    best measured throughput, then 9³ grids at half the width around the best point each
-    round."""
-    b = np.asarray(nbytes, float)
-    t = np.asarray(seconds, float)
-    best_tput = float(np.max(b / t))
-    centre = np.log([float(np.min(t)), best_tput, best_tput])
-    half = np.log([4.0, 30.0, 30.0])
-    size = 15
-    for _ in range(rounds):
-        axes = [c + h * np.linspace(-1.0, 1.0, size) for c, h in zip(centre, half)]
-        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
-        err = np.asarray(mean_abs_log_error(b, t, *np.exp(grid).T))
-        centre = grid[int(np.argmin(err))]
-        half, size = half / 2.0, 9
-    floor_s, peak, trans = (float(x) for x in np.exp(centre))
-    fit = Fit(floor_s, peak, trans, rows=len(b))
-    # A peak that binds nowhere, or improves the error by less than PEAK_TOLERANCE, is not
-    # identified by the data: record max(transition, best throughput), which binds nowhere.
-    loose = replace(fit, peak_per_s=max(trans, best_tput))
-    if mean_abs_log_error(b, t, *_params(loose)) <= mean_abs_log_error(b, t, *_params(fit)) \
-            + PEAK_TOLERANCE:
-        fit = loose
-    return replace(fit, geo_error=geometric_error(b, t, fit))
-
-
-def _params(fit: Fit):
-    return fit.floor_s, fit.peak_per_s, fit.transition_per_s
-
-
-def geometric_error(nbytes, seconds, fit: Fit) -> float:
-    """``exp(mean |log ratio|)`` of ``fit`` on the points, e.g. 1.14 for a typical 14 % miss."""
-    return float(np.exp(mean_abs_log_error(nbytes, seconds, fit.floor_s, fit.peak_per_s,
-                                           fit.transition_per_s)))
-
-
-def written(fit: Fit) -> tuple[float, int, int]:
-    """The values as written: floor in µs to 0.01, rates in whole bytes/µs (half up)."""
-    up = lambda x: math.floor(x + 0.5)
-    return (up(fit.floor_s * 1e8) / 100.0, up(fit.peak_per_s / 1e6),
-            up(fit.transition_per_s / 1e6))
-
-
-def rounded(fit: Fit) -> Fit:
-    """``fit`` with its parameters replaced by the written values (back in SI units)."""
-    floor_us, peak, trans = written(fit)
-    return replace(fit, floor_s=floor_us * 1e-6, peak_per_s=peak * 1e6,
-                   transition_per_s=trans * 1e6)
-
-
-def extrapolate_16(fit4: Fit, fit8: Fit) -> Fit:
-    """16-rank law from the 4- and 8-rank fits: floor × (floor8/floor4, at least 1), and
-    rates × 14/15."""
-    growth = max(fit8.floor_s / fit4.floor_s, 1.0)
-    return Fit(fit8.floor_s * growth, fit8.peak_per_s * RING_16_OVER_8,
-               fit8.transition_per_s * RING_16_OVER_8,
-               source=f"extrapolated from 4- and 8-rank fits ({fit8.source})")
-
-
-def scale_rates(fit: Fit, factor: float, source: str) -> Fit:
-    """The same law with both rates multiplied by ``factor`` (floor kept)."""
-    return replace(fit, peak_per_s=fit.peak_per_s * factor,
-                   transition_per_s=fit.transition_per_s * factor,
-                   geo_error=float("nan"), source=source)
 
 
 def fit_chip(data: Path, profile_dir: str, bytes_per_element: float = HALF_BYTES):
@@ -332,7 +233,7 @@ HEADER = """\
 
 def write_set(entries, path: Path) -> None:
     doc = {"kind": "CoefficientSet", "name": "cost-model-collectives", "coefficients": entries}
-    text = yaml.dump(doc, Dumper=CatalogDumper, sort_keys=False, width=100, allow_unicode=True)
+    text = catalog_yaml(doc)
     path.write_text(HEADER + text)
 
 

@@ -22,7 +22,9 @@ Every further non-blank line is one **step** (one engine forward pass)::
      "decode_threshold": 1,                         # optional (default 1, vLLM's)
      "pad": 0,                                      # optional: DP lockstep pad tokens
      "sm_budget": 0,                                # optional (0 = all SMs)
-     "flags": ["idle_before"]}                      # optional labels, e.g. from the importers
+     "flags": ["idle_before"],                      # optional labels, e.g. from the importers
+     "end_s": 12.3456}                              # optional: when the step ended (s since the
+                                                    # run's start), for time-ordered splits
 
 ``scheduled`` are the tokens the request runs in this step, ``computed`` the tokens already
 in its KV cache (jkernel's :class:`~jkernel.Batch`). Instead of ``requests`` a step may give
@@ -67,6 +69,7 @@ from the Laplace covariance (:meth:`TraceFit.band`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -81,10 +84,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .fit import ErrorStats, _adam_run, soft_l1
+from .base import ErrorStats, adam_loop, soft_l1
 from .uncertainty import Laplace, gauss_newton, prediction_band
-
-jax.config.update("jax_enable_x64", True)
 
 __all__ = ["FORMAT", "VERSION", "TraceError", "StepTrace", "read_trace", "parse_trace",
            "write_trace", "trace_to_lines", "open_deployment", "generate_trace",
@@ -95,7 +96,8 @@ VERSION = 1
 TARGETS = ("expected_s", "no_overlap_s", "overlap_s")
 
 #: Starting scale (SI) of a fitted parameter whose catalog value is 0.
-ZERO_SCALES = {"kernel_gap": 1e-6, "host_serial": 100e-6, "host_launch_per_kernel": 2e-6,
+ZERO_SCALES = {"kernel_gap": 1e-6, "host_serial": 100e-6, "host_serial_per_request": 10e-6,
+               "host_launch_per_kernel": 2e-6,
                "host_replay_graph_per_step": 10e-6, "host_launch_eager_per_layer": 5e-6,
                "attention_decode_floor": 10e-6, "attention_prefill_floor": 10e-6}
 _DEFAULT_ZERO_SCALE = 1e-6
@@ -139,6 +141,9 @@ class StepTrace:
     file: str | None = None
     sha256: str = ""
     header: dict = field(default_factory=dict)
+    #: optional per-step end time (s since the run's start; the field ``end_s``), for
+    #: time-ordered splits
+    end_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.duration_s)
@@ -154,7 +159,8 @@ class StepTrace:
                          self.decode_threshold[idx], self.pad[idx], self.sm_budget[idx],
                          self.duration_s[idx], [self.flags[i] for i in idx], self.pool,
                          self.source, dict(self.skipped), self.file, self.sha256,
-                         dict(self.header))
+                         dict(self.header),
+                         None if self.end_s is None else np.asarray(self.end_s)[idx])
 
     def held_mask(self, fraction: float = 0.2, seed: int = 0) -> np.ndarray:
         """Held-out steps: a hash of ``(seed, step index)`` below ``fraction``."""
@@ -330,18 +336,24 @@ def parse_trace(lines: Iterable[str], *, file: str | None = None) -> StepTrace:
         if int(s.sum()) == 0 and pad == 0:
             skip("empty_step")
             continue
-        steps.append((s, c, p, thr, pad, smb, d, tuple(flags)))
+        t_end = rec.get("end_s")
+        if t_end is not None and (isinstance(t_end, bool) or not isinstance(t_end, (int, float))
+                                  or not math.isfinite(t_end)):
+            raise TraceError(f"end_s must be a finite number, got {t_end!r}", file=file,
+                             line=lineno)
+        steps.append((s, c, p, thr, pad, smb, d, tuple(flags), t_end))
     if header is None:
         raise TraceError("the trace is empty (no header line)", file=file)
     if not steps:
         raise TraceError(f"no usable step in the trace (skipped: {skipped or 'none present'})",
                          file=file, line=hline)
-    s, c, p, thr, pad, smb, d, flags = zip(*steps)
+    s, c, p, thr, pad, smb, d, flags, t_end = zip(*steps)
+    ends = None if any(t is None for t in t_end) else np.asarray(t_end, np.float64)
     return StepTrace(header["deployment"], list(s), list(c), list(p),
                      np.asarray(thr, np.int64), np.asarray(pad, np.int64),
                      np.asarray(smb, np.int64), np.asarray(d, np.float64), list(flags),
                      header.get("pool"), str(header.get("source", "")), skipped, file,
-                     digest.hexdigest(), header)
+                     digest.hexdigest(), header, ends)
 
 
 def read_trace(path: str | os.PathLike) -> StepTrace:
@@ -375,6 +387,8 @@ def trace_to_lines(trace: StepTrace, *, source: str | None = None) -> list[str]:
             rec["sm_budget"] = int(trace.sm_budget[i])
         if trace.flags[i]:
             rec["flags"] = list(trace.flags[i])
+        if trace.end_s is not None:
+            rec["end_s"] = round(float(trace.end_s[i]), 7)
         lines.append(json.dumps(rec, separators=(",", ":")))
     return lines
 
@@ -415,20 +429,12 @@ def _pricer(kernel, target: str):
     return price
 
 
-_PRICE_PROGRAMS: dict[tuple, tuple] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _price_program(step_fn, target: str):
     """A cached ``jax.jit`` of :func:`_pricer` for one step function and target."""
-    key = (id(step_fn), target)
-    hit = _PRICE_PROGRAMS.get(key)
-    if hit is None or hit[0] is not step_fn:
-        many = jax.vmap(step_fn, in_axes=(None, 0))
-        fn = jax.jit(lambda params, stacks: [jnp.log(getattr(many(params, a), target))
-                                             for a in stacks])
-        hit = (step_fn, fn)
-        _PRICE_PROGRAMS[key] = hit
-    return hit[1]
+    many = jax.vmap(step_fn, in_axes=(None, 0))
+    return jax.jit(lambda params, stacks: [jnp.log(getattr(many(params, a), target))
+                                           for a in stacks])
 
 
 def generate_trace(kernel, batches, *, params=None, noise: float = 0.03, seed: int = 0,
@@ -487,21 +493,14 @@ class _Programs:
 
         self.residuals = residuals
         self.res_jit = jax.jit(residuals)
-        self.adam = jax.jit(_adam_run(objective, steps, lr))
+        loop = jax.jit(adam_loop(objective, lr))
+        self.adam = lambda th0, data: loop(th0, data, int(steps))
 
 
-_PROGRAMS: dict[tuple, _Programs] = {}
-
-
+@functools.lru_cache(maxsize=8)
 def _programs(step_fn, names, target, steps, lr, delta) -> _Programs:
-    key = (id(step_fn), names, target, int(steps), float(lr), float(delta))
-    hit = _PROGRAMS.get(key)
-    if hit is None or hit[0] is not step_fn:
-        if len(_PROGRAMS) >= 8:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        hit = (step_fn, _Programs(step_fn, names, target, steps, lr, delta))
-        _PROGRAMS[key] = hit
-    return hit[1]
+    """The compiled programs of one fit structure (cached: refitting compiles nothing)."""
+    return _Programs(step_fn, names, target, steps, lr, delta)
 
 
 def _polish(residuals, res, objective, theta, data, mu, prior_sigma, sigma, delta, n_rows,
@@ -607,14 +606,19 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
               target: str = "expected_s", steps: int = 400, lr: float = 0.05,
               heldout: float = 0.2, seed: int = 0, prior_sigma: float = math.log(3.0),
               delta: float = 0.05, exclude_flags: Sequence[str] = (),
-              max_se: float = 0.5, progress: Callable[[str], None] | None = None) -> TraceFit:
+              max_se: float = 0.5, split: str = "hash",
+              progress: Callable[[str], None] | None = None) -> TraceFit:
     """Calibrate the parameters named in ``fit`` against a trace (module docstring).
 
     ``kernel``: the trace's kernel if already open (else opened from the header);
     ``exclude_flags``: steps carrying any of these flags are left out (e.g.
-    ``("idle_before",)`` for reconstructed traces).
+    ``("idle_before",)`` for reconstructed traces); ``split``: ``"hash"`` holds out a
+    hash-chosen ``heldout`` fraction of the steps, ``"time"`` the last ``heldout`` fraction
+    in time order (``end_s``, else file order).
     """
     say = progress or (lambda m: None)
+    import jkernel
+    jkernel.enable_x64()
     t0 = time.perf_counter()
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
@@ -634,7 +638,15 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
         if not keep.all():
             notes.append(f"{int((~keep).sum())} steps flagged {list(exclude_flags)} left out")
         trace = trace.select(keep)
-    held = trace.held_mask(heldout, seed)
+    if split == "time":
+        # the last `heldout` of the steps in time order (end_s, else file order) held out
+        t = trace.end_s if trace.end_s is not None else np.arange(len(trace), dtype=float)
+        held = np.zeros(len(trace), bool)
+        held[np.argsort(t, kind="stable")[int(round((1 - heldout) * len(trace))):]] = True
+    elif split == "hash":
+        held = trace.held_mask(heldout, seed)
+    else:
+        raise ValueError(f"split must be 'hash' or 'time', got {split!r}")
     if held.all() or len(trace) < 5:
         held[:] = False
     n_fit, n_held = int((~held).sum()), int(held.sum())
@@ -648,7 +660,7 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
             notes.append(f"{n}: catalog value {catalog[n]:g}; started at "
                          f"{ZERO_SCALES.get(n, _DEFAULT_ZERO_SCALE):g} (SI) with the prior "
                          "centred there (kept at the catalog value if unidentified)")
-    prog = _programs(k.step_fn, names, target, steps, lr, delta)
+    prog = _programs(k.step_fn, names, target, int(steps), float(lr), float(delta))
     # every step in one set of stacks (fit and held-out together, told apart by a weight),
     # so one compiled program serves the fit, the Jacobian and the error tables
     stacks = trace.stacked(k.buckets)

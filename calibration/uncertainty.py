@@ -39,6 +39,8 @@ honest measure of predictive accuracy.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -95,7 +97,10 @@ class Laplace:
         return [n for n in self.names if not self.identifiable[n]]
 
 
-_JVP_CACHE: dict[int, tuple] = {}
+@functools.lru_cache(maxsize=16)
+def _jvp_program(fn):
+    """A jitted forward-mode product of ``fn`` (cached by identity)."""
+    return jax.jit(lambda t, th_, *a: jax.jvp(lambda x: fn(x, *a), (th_,), (t,))[1])
 
 
 def jacobian_columns(fn: Callable[..., jax.Array], theta, args: tuple = ()) -> np.ndarray:
@@ -104,13 +109,7 @@ def jacobian_columns(fn: Callable[..., jax.Array], theta, args: tuple = ()) -> n
     gathers slow). ``args`` are passed as jit arguments, never captured as constants (XLA
     would constant-fold whatever depends on them alone)."""
     th = jnp.asarray(theta)
-    hit = _JVP_CACHE.get(id(fn))
-    if hit is None or hit[0] is not fn:
-        hit = (fn, jax.jit(lambda t, th_, *a: jax.jvp(lambda x: fn(x, *a), (th_,), (t,))[1]))
-        if len(_JVP_CACHE) >= 16:
-            _JVP_CACHE.pop(next(iter(_JVP_CACHE)))
-        _JVP_CACHE[id(fn)] = hit
-    jvp = hit[1]
+    jvp = _jvp_program(fn)
     eye = np.eye(th.shape[0])
     cols = [np.asarray(jvp(jnp.asarray(e), th, *args), dtype=np.float64).reshape(-1)
             for e in eye]

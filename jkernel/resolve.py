@@ -909,7 +909,11 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
         used.add("host_link_bandwidth")
     # jkernel's own expected_s constants: defaults until a step-trace fit
     own_defaults = {"kernel_gap": (0.0, "no idle gap between kernels until a step-trace fit"),
-                    "host_serial": (0.0, "no serial host time until a step-trace fit")}
+                    "host_serial": (0.0, "no serial host time until a step-trace fit"),
+                    "host_serial_per_request": (0.0, "no serial host time per request until "
+                                                     "a step-trace fit"),
+                    "compute_derate": (1.0, "compute at the profiles' rate until a "
+                                            "step-trace fit")}
     for name, (value, reason) in own_defaults.items():
         used.add(name)
         if name not in chosen:

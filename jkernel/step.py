@@ -274,7 +274,10 @@ class _Constants:
 
     def __init__(self, plan: Plan, params):
         self.params = params
-        self.P = params["peak_flops_per_s"]
+        # the compute rate sustained in the engine (compute_derate ∈ (0, 1], 1 until a
+        # step-trace fit: the chip's clock under a whole model's load, below the isolated
+        # kernels' of the profiles)
+        self.P = params["peak_flops_per_s"] * params["compute_derate"]
         self.dt = jnp.result_type(self.P)
         self.zero = jnp.zeros((), self.dt)
         self.B_hbm = params["hbm_bytes_per_s"] * params["hbm_derate"]
@@ -594,11 +597,24 @@ def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> Step
     totals = jnp.stack(jnp.broadcast_arrays(SM, HBM, NVL, NIC, host), axis=-1)
     bottleneck = jnp.where(b.empty, len(RESOURCES) - 1, jnp.argmax(totals, axis=-1))
     gpu = jnp.where(keep, gpu_expected + plan.total_kernels * params["kernel_gap"], 0.0)
-    expected = mx(gpu, host_exp) + params["host_serial"]
+    expected = mx(gpu, host_exp) + host_unhidden_s(params, b.n_live)
     return StepEstimate(
         overlap_s=overlap, no_overlap_s=no_overlap, expected_s=expected,
         per_resource_s={"sm": SM, "hbm": HBM, "nvlink": NVL, "nic": NIC, "host": host},
         bottleneck=bottleneck.astype(jnp.int32))
+
+
+def host_unhidden_s(params, live_requests):
+    """expected.md's serial host time: host work the GPU does not hide, added after the
+    GPU/host maximum, seconds (any shape of ``live_requests``).
+
+    vLLM 0.23–0.31's V1 engine core without async scheduling runs, between two GPU passes,
+    the scheduler, the model runner's input preparation and the update from the sampled
+    tokens; part of it is per step (``host_serial``) and part per scheduled request
+    (``host_serial_per_request``). Both are engine-level constants fitted from step traces
+    (calibration.traces); they are 0 until one is fitted.
+    """
+    return params["host_serial"] + params["host_serial_per_request"] * live_requests
 
 
 def _context_parallel_collectives(plan: Plan, b: _Batch, att: AttentionPlan | None, coll,

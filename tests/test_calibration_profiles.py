@@ -223,7 +223,7 @@ def test_empty_and_unusable_tables(tmp_path):
         gemm.fit_gemm(obs, chip_document("h100"), chip="h100")
     with pytest.raises(FileNotFoundError):
         chip_document("no-such-chip")
-    with pytest.raises(P.ProfileError, match="no folder for chip"):
+    with pytest.raises(P.ProfileError, match="no (profile )?folder for chip"):
         fit_chip(AIC, "h200")
 
 
@@ -294,3 +294,52 @@ def test_kernel_gap_written_only_on_request():
     assert names["kernel_gap"] is False
     names = {p.name: p.written for p in gemm._params(("bf16",), True, True, write_floor=True)}
     assert names["kernel_gap"] is True
+
+
+# -- a new chip from its own folder (profile_folder) -------------------------------------------
+
+def _gemm_only(dst: Path, src: Path = AIC / "b200_sxm") -> Path:
+    """A tiny chip folder: the b200 fixture's GEMM table only, under ``dst``."""
+    import shutil
+    rel = Path("gemm") / "vllm" / "0.24.0"
+    (dst / rel).mkdir(parents=True)
+    shutil.copy(src / rel / "gemm_perf.parquet", dst / rel / "gemm_perf.parquet")
+    return dst
+
+
+def test_profile_folder_finds_aiconfigurator_system_names(tmp_path):
+    """Under a data root whose folders are named as AIConfigurator names its systems, a
+    catalog chip that no table of the package names (gb200-nvl72 → gb200) and the mapped
+    ones (h100 → h100_sxm) are found; the catalog name itself also works."""
+    _gemm_only(tmp_path / "gb200")
+    _gemm_only(tmp_path / "h100_sxm")
+    _gemm_only(tmp_path / "h20")
+    assert P.profile_folder(tmp_path, "gb200-nvl72") == (tmp_path, "gb200")
+    assert P.profile_folder(tmp_path, "h100") == (tmp_path, "h100_sxm")
+    assert P.profile_folder(tmp_path, "h20") == (tmp_path, "h20")
+    assert "gb200-nvl72" not in P.PROFILE_DIRS
+
+
+def test_profile_folder_accepts_the_chips_own_folder(tmp_path):
+    """``--data`` may be the chip's folder itself, whatever its name."""
+    own = _gemm_only(tmp_path / "my-lab-gb200-run")
+    assert P.profile_folder(own, "gb200-nvl72") == (tmp_path, "my-lab-gb200-run")
+
+
+def test_profile_folder_refusal_lists_what_is_there(tmp_path):
+    _gemm_only(tmp_path / "b300_sxm")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(P.ProfileError, match=r"gb200-nvl72.*tried.*'gb200'.*b300_sxm"):
+        P.profile_folder(tmp_path, "gb200-nvl72")
+
+
+@pytest.mark.parametrize("layout", ["root", "own"])
+def test_fit_chip_for_a_chip_no_table_names(tmp_path, layout):
+    """`python -m calibration profiles --chip gb200-nvl72 --data D` with D the data root
+    (folder `gb200`) or the chip's own folder: the GEMM fit runs and is scoped to the
+    catalog chip."""
+    folder = _gemm_only(tmp_path / ("gb200" if layout == "root" else "anything"))
+    data = tmp_path if layout == "root" else folder
+    cf = fit_chip(data, "gb200-nvl72", settings=FitSettings(primitives=("gemm",), steps=150))
+    assert cf.chip == "gb200-nvl72"
+    assert 0.3 < cf.written()["gemm_eps_max_bf16"] < 1.0

@@ -115,7 +115,9 @@ def test_readme_worked_example_by_hand():
 
     k = jkernel.open("llama-3.1-70b-h100-tp4")
     p = {n: float(v) for n, v in k.params.items()}
-    P, B = p["peak_flops_per_s"], p["hbm_bytes_per_s"] * p["hbm_derate"]
+    # the compute rate the engine sustains (compute_derate, fitted from H100 step traces)
+    P = p["peak_flops_per_s"] * p["compute_derate"]
+    B = p["hbm_bytes_per_s"] * p["hbm_derate"]
     eps, mh, nh, kh = (p.get(n, 0.0) for n in k.plan.gemm_names)
     est = k.step_time(jkernel.Batch.from_spec("32x1@4096"))
     params_per_layer = (10240 + 8192 + 57344) * 8192 + 8192 * 28672

@@ -11,7 +11,7 @@ from conftest import catalog_kernel
 from test_properties import batches
 
 HOST = ("host_replay_graph_per_step", "host_launch_eager_per_layer", "host_launch_per_kernel",
-        "kernel_gap", "host_serial")
+        "kernel_gap", "host_serial", "host_serial_per_request")
 EDGE_OPTIONS = StepOptions(expected_refinements=False, expected_routed_max=False)
 
 

@@ -605,7 +605,8 @@ def test_section_4_1_kernel_assumptions_and_values():
     """vectors.md §4.1 [R]: the kernel's own assumptions are engine_version (0.29.0 declared →
     0.31.0) and max_cudagraph_capture_size (512), with those values at the start of the
     scope. Beyond them jkernel records only its decisions: gpu_memory_utilization 0.92 (D15)
-    and expected.md's kernel_gap / host_serial defaults; every other jkernel entry is a
+    and expected.md's kernel_gap / host_serial / host_serial_per_request / compute_derate
+    defaults; every other jkernel entry is a
     needed optional coefficient the fixture registry lacks, recorded as `absent`."""
     k = spec_kernel()
     assert scope_value(k, "engine_version") == "0.31.0"
@@ -615,7 +616,8 @@ def test_section_4_1_kernel_assumptions_and_values():
     own = {p.name: p.scope for p in k.provenance() if p.set == jkernel.KERNEL_ASSUMPTION_SET}
     decided = {n for n, s in own.items() if not s.startswith("absent")}
     assert decided == {"engine_version", "max_cudagraph_capture_size",
-                       "gpu_memory_utilization", "kernel_gap", "host_serial"}
+                       "gpu_memory_utilization", "kernel_gap", "host_serial",
+                       "host_serial_per_request", "compute_derate"}
     absent = {n for n, s in own.items() if s.startswith("absent")}
     assert absent == {"host_admission_per_request", "attention_decode_floor_mla",
                       "attention_decode_rate_mla"}

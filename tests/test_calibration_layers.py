@@ -1,0 +1,58 @@
+"""calibration/ is a DAG of layers (base ← primitives and trace fit ← chip fit ← importers,
+reports, regeneration, command line) and sets no jax.config at import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "calibration"
+#: Layer of every module; a module may import only modules of a lower layer (or its own
+#: layer where listed in SAME_LAYER).
+LAYERS = {"profiles": 0, "uncertainty": 0, "base": 1, "gemm": 2, "attention": 2, "moe": 2,
+          "collectives": 2, "traces": 2, "validate": 3, "stepfit": 4, "fit": 5,
+          "importers": 6, "residency": 7, "report": 6, "seed": 7, "regenerate": 8,
+          "__main__": 9, "__init__": 0}
+SAME_LAYER = {("moe", "gemm")}
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.ImportFrom) and n.level == 1:
+            out |= {n.module.split(".")[0]} if n.module else {a.name for a in n.names}
+    return out
+
+
+def test_every_module_has_a_layer():
+    assert {p.stem for p in PKG.glob("*.py")} == set(LAYERS)
+
+
+def test_imports_only_go_down_the_layers():
+    """Each relative import (module level or inside a function) points to a lower layer, so
+    the package has no import circle (before: fit imported the primitives, which imported
+    fit; collectives imported seed, which imported report, which imported fit)."""
+    bad = []
+    for p in PKG.glob("*.py"):
+        for dep in _imports(p) & set(LAYERS):
+            if LAYERS[dep] >= LAYERS[p.stem] and (p.stem, dep) not in SAME_LAYER:
+                bad.append(f"{p.stem} (layer {LAYERS[p.stem]}) imports {dep} "
+                           f"(layer {LAYERS[dep]})")
+    assert not bad, bad
+
+
+def test_no_jax_config_at_import():
+    """Importing every module leaves JAX's configuration alone (entry points set float64)."""
+    code = ("import jax, importlib\n"
+            f"for m in {sorted(m for m in LAYERS if m != '__init__')!r}:\n"
+            "    importlib.import_module('calibration.' + m)\n"
+            "print(jax.config.jax_enable_x64)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=PKG.parent, check=True).stdout.strip()
+    assert out == "False"
+    for p in PKG.glob("*.py"):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        for node in tree.body:          # module-level statements only
+            assert "jax.config.update" not in ast.unparse(node), p.name

@@ -343,10 +343,15 @@ class Kernel:
         """Whole-model KV bytes per token per rank (kvB, memory.md §1)."""
         return self.plan.kv_bytes_per_token
 
+    def device_memory_bytes(self) -> float:
+        """The memory ``gpu_memory_utilization`` multiplies, bytes per rank: the datasheet's
+        under the spec's recipe, what CUDA reports as total under the vLLM version rules that
+        measure it (:func:`jkernel.memory.device_memory_bytes`)."""
+        return _memory.device_memory_bytes(self._r.memory, self.inputs.chip)
+
     def kv_cache_pages(self) -> int:
         """Pages left for the KV cache per rank (memory.md §5)."""
-        return _memory.kv_cache_pages(_memory.device_memory_bytes(self._r.memory,
-                                                                  self.inputs.chip),
+        return _memory.kv_cache_pages(self.device_memory_bytes(),
                                       self._r.settings["gpu_memory_utilization"],
                                       self.fixed_bytes().total(), self.page_bytes())
 

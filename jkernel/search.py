@@ -354,7 +354,7 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
     need = _pages_per_request(k, wl.isl + wl.osl)
     if pages < max(need, 1):
         fb = k.fixed_bytes().total()
-        budget = inputs.chip.memory_bytes * k.settings["gpu_memory_utilization"]
+        budget = k.device_memory_bytes() * k.settings["gpu_memory_utilization"]
         gib = 2.0 ** 30
         if fb >= budget:
             why = (f"fixed bytes {fb / gib:.1f} GiB per rank exceed the memory budget "

@@ -63,8 +63,9 @@ def test_kernel_gap_and_host_serial_add_as_stated():
     base = k.step_time(batch).expected_s
     gap = k.with_params(k.params.replace(kernel_gap=1e-6)).step_time(batch).expected_s
     assert gap - base == pytest.approx(k.plan.total_kernels * 1e-6, rel=1e-9)
+    shipped = float(k.params["host_serial"])     # the H100 step-trace fit ships a value
     serial = k.with_params(k.params.replace(host_serial=5e-4)).step_time(batch).expected_s
-    assert serial - base == pytest.approx(5e-4, rel=1e-9)
+    assert serial - base == pytest.approx(5e-4 - shipped, rel=1e-9)
 
 
 def _speculative(num_spec: int):

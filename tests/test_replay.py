@@ -107,7 +107,7 @@ def test_token_budget_and_max_num_seqs_bound_every_step():
 def test_preemption_when_the_cache_is_small(tmp_path):
     base = qwen()
     util = (base.fixed_bytes().total() + 200.5 * base.page_bytes()) / \
-        base.inputs.chip.memory_bytes
+        base.device_memory_bytes()
     # vLLM refuses to start when one max_model_len sequence cannot fit the cache.
     refused = jkernel.open(bundle_with(tmp_path, gpu_memory_utilization=round(util, 6)))
     with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):

@@ -80,11 +80,12 @@ def test_a_pool_that_does_not_fit_is_refused_with_its_reason():
 
 
 def test_a_cache_too_small_for_one_request_is_refused():
-    fl = search.fleet("h200", 8)
-    c = search.Candidate("llama-3.1-70b-instruct", fl, (search.PoolSpec("colocated", 1, 1),),
-                         "fp8")
+    # Qwen3-32B in bf16 on one H100 keeps ~8 GB for KV (~30k tokens) while its positions
+    # allow 40,960: the max_model_len rule passes and the cache cannot hold one request.
+    fl = search.fleet("h100", 8)
+    c = search.Candidate("qwen3-32b", fl, (search.PoolSpec("colocated", 1, 1),))
     with pytest.raises(Refusal) as exc:
-        search.build_pool(c, 0, _wl(isl=4_000_000, osl=1))
+        search.build_pool(c, 0, _wl(isl=40_000, osl=900))
     assert exc.value.code == "FIT" and "needs" in exc.value.reason
 
 

@@ -19,10 +19,11 @@ from .overheads import Placement
 from .params import Params
 from .resolve import ENGINE_BEHAVIOUR_VERSION, KERNEL_ASSUMPTION_SET
 from .step import RESOURCES, StepEstimate, StepOptions
+from .validate import ArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = ["open", "open_pool", "open_inputs", "new", "Kernel", "Batch", "Request",
-           "StepEstimate", "StepOptions", "Refusal", "Placement", "Params", "Repos",
+           "StepEstimate", "StepOptions", "Refusal", "ArgumentError", "Placement", "Params", "Repos",
            "RESOURCES", "enable_x64", "enable_compilation_cache",
            "ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET"]

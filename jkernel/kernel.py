@@ -55,11 +55,11 @@ def default_cache_dir() -> str | None:
     """Where compiled step programs persist: ``$JKERNEL_CACHE_DIR`` (``0`` turns the cache
     off: None), else the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)
     ``/jkernel/xla``."""
-    env = os.environ.get("JKERNEL_CACHE_DIR")
-    if env is not None and env.strip() in ("0", ""):
+    env = (os.environ.get("JKERNEL_CACHE_DIR") or "").strip()
+    if env == "0":
         return None
     if env:
-        return env
+        return os.path.expanduser(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "jkernel", "xla")
 

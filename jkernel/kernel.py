@@ -254,10 +254,12 @@ class Kernel:
 
     # -- the step ---------------------------------------------------------------------------
     def batch_arrays(self, batch: Batch, bucket: int | None = None) -> BatchArrays:
-        """``batch`` padded to its bucket, as jnp :class:`BatchArrays` for ``step_fn``
-        (one host→device transfer for the whole pytree)."""
+        """``batch`` padded to its bucket as :class:`BatchArrays` for ``step_fn``: numpy
+        arrays (``jit``, ``grad`` and the unjitted ``step_fn`` take them as they are; a
+        jitted call moves them in the same step as its other arguments, where one eager
+        ``jnp.asarray`` per field cost ~60 µs each)."""
         size = bucket if bucket is not None else bucket_for(len(batch), self.buckets)
-        return jax.device_put(batch.pad_to(size))
+        return batch.pad_to(size)
 
     def _pack(self, batch: Batch | None, scheduled, computed, decode_threshold, sm_budget,
               pad_tokens) -> np.ndarray:
@@ -331,8 +333,9 @@ class Kernel:
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
         ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
         scalars may be ints or arrays of shape ``(batches,)``, checked as ``Batch`` checks
-        them. int32 C-contiguous arrays are read in place (no copy; their sign is checked
-        by the same program that prices them). ``dtype=jnp.float32`` prices in single
+        them. int32 C-contiguous arrays are not copied on the host and their sign is
+        checked by the same program that prices them; on CPU, XLA reads them in place when
+        they are 64-byte aligned (else each chunk is copied once on its way in). ``dtype=jnp.float32`` prices in single
         precision. With several devices (``jax.local_devices()``), every chunk is split
         over all of them along the batch axis (same results as one device). Memory stays
         bounded by the chunk, however many batches come. Returns a :class:`StepEstimate`

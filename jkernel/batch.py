@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .step import BatchArrays
-from .validate import step_scalars, tokens_array
+from .validate import ArgumentError, step_scalars, tokens_array
 
 __all__ = ["Request", "Batch", "DEFAULT_BUCKETS", "bucket_for", "parse_batch_spec"]
 
@@ -123,6 +123,9 @@ class Batch:
                            np.int32(self.pad_tokens))
 
 
+#: The most requests one ``NxS@C`` spec may describe (a guard against a typo's 10¹⁰).
+MAX_SPEC_REQUESTS = 1 << 20
+
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*@\s*(\d+)\s*$")
 
 
@@ -135,12 +138,18 @@ def parse_batch_spec(spec: str) -> tuple[list[int], list[int]]:
     computed: list[int] = []
     if not spec.strip():
         return scheduled, computed
+    terms = []
     for part in spec.split(","):
         m = _SPEC.match(part)
         if not m:
-            raise ValueError(f"batch term {part.strip()!r} is not NxS@C (N requests of S "
-                             "scheduled tokens at C cached tokens), e.g. 32x1@4096")
-        n, s, c = (int(x) for x in m.groups())
+            raise ArgumentError("batch", f"term {part.strip()!r} is not NxS@C (N requests of "
+                                "S scheduled tokens at C cached tokens), e.g. 32x1@4096")
+        terms.append(tuple(int(x) for x in m.groups()))
+    total = sum(n for n, _, _ in terms)
+    if total > MAX_SPEC_REQUESTS:
+        raise ArgumentError("batch", f"{total:,} requests; a step holds at most "
+                            f"{MAX_SPEC_REQUESTS:,} here (vLLM's max_num_seqs is far lower)")
+    for n, s, c in terms:
         scheduled += [s] * n
         computed += [c] * n
     return scheduled, computed

@@ -425,6 +425,8 @@ class Kernel:
             empty = np.zeros((0, len(_PACK)))
             return empty if not sets else np.zeros((sets, 0, len(_PACK)))
         devices = jax.local_devices()
+        if jax.config.jax_default_device is not None:     # `with jax.default_device(d)`
+            devices = [jax.config.jax_default_device]
         size = min(chunk, n)
         put = functools.partial(jax.device_put, may_alias=True)
         if len(devices) > 1:

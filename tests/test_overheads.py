@@ -131,9 +131,9 @@ def test_pd_transfer_on_one_node(k_fabric, k):
 
 
 def test_pd_transfer_zero_tokens(k_fabric):
-    """vectors.md §5: pd_transfer_time(0, …) = 0 (and a negative count is 0 too)."""
+    """vectors.md §5: pd_transfer_time(0, …) = 0 (a negative count is refused, issue 10:
+    see test_methods_refuse_bad_arguments)."""
     assert k_fabric.pd_transfer_time(0, Placement(0), Placement(1)) == 0.0
-    assert k_fabric.pd_transfer_time(-8, Placement(0), Placement(1)) == 0.0
 
 
 def test_pd_transfer_is_not_divided_by_dcp():

@@ -207,6 +207,14 @@ def main() -> None:
         na.append(time.perf_counter() - t0)
     row("   same, arrays 64-byte aligned (XLA reads them in place)",
         f"{statistics.median(n / p for n, p in zip(na, pa)):.2f}")
+    # the ceiling: the compiled program alone on one device-resident chunk
+    dev = [jax.device_put(x) for x in (sa[:chunk], ca[:chunk],
+                                       np.tile(np.array([[1, 0, 0]], np.int32), (chunk, 1)))]
+    prog = lambda: jax.block_until_ready(k._c.many(k._flat, *dev))  # noqa: E731
+    npc = lambda: (sa[:chunk].sum(axis=1), ca[:chunk].sum(axis=1))  # noqa: E731
+    med4, t4 = interleaved({"prog": prog, "np": npc}, rounds, 3)
+    row("   the pricing program alone (one chunk, on device) / NumPy pass",
+        f"{ratio(t4, 'np', 'prog'):.2f}", "(the bound)")
     k.price_many(scheduled=sched[:chunk], computed=comp[:chunk], chunk=chunk,
                  dtype=jnp.float32)
     t0 = time.perf_counter()
@@ -218,6 +226,14 @@ def main() -> None:
         grads = {"fwd": lambda: k.step_time(b256),
                  "grad": lambda: k.gradient(b256, of="no_overlap_s")}
         how = "Kernel.gradient / step_time"
+        arrays = k.batch_arrays(b256)
+        fwd = jax.jit(lambda p, b: k.step_fn(p, b).no_overlap_s)
+        grad = jax.jit(jax.grad(lambda p, b: k.step_fn(p, b).no_overlap_s))
+        _, t_old = interleaved({"fwd": lambda: fwd(k.params, arrays).block_until_ready(),
+                                "grad": lambda: jax.block_until_ready(grad(k.params, arrays))},
+                               rounds, inner // 5)
+        row("jit(grad(step_fn)) / jit(step_fn) (a Params-shaped gradient, as before)",
+            f"{ratio(t_old, 'grad', 'fwd'):.2f} ×")
     else:
         arrays = k.batch_arrays(b256)
         fwd = jax.jit(lambda p, b: k.step_fn(p, b).no_overlap_s)

@@ -1,125 +1,316 @@
-"""Speed of the step function: prints the machine and the figures (medians and ratios).
+"""Speed of the step function: every figure of issue 14 as a ratio measured in this run.
 
-    python benchmarks/bench_step.py [--scenario llama-3.1-70b-h100-tp4] [--batches 1048576]
+    python benchmarks/bench_step.py [--quick] [--scenario llama-3.1-70b-h100-tp4]
 
-Figures:
-  * one ``step_time`` call from Python (µs, median after warm-up) for a 1-request decode, a
-    256-request decode and a mixed batch;
-  * ``price_many`` throughput (batches/s) on 256-request batches, float64 and float32;
-  * compile time of each request bucket (s);
-  * the gradient (``jax.grad`` of ``no_overlap_s`` w.r.t. every parameter) as a ratio to the
-    forward call, both jitted: for one batch, and summed over 4,096 batches (calibration).
-Targets (issue 3): ≤ 40 µs per 256-request call, ≥ 1e6 batches/s on 2 CPU cores,
-gradient ≤ 3 × forward, compile ≤ 2 s per bucket; ≥ 5e7 batches/s on an H200.
+Prints the machine, the device and the load (``os.getloadavg``) before and after, then:
+
+  1. ``k.step_time(Batch(s, c))`` for a 256-request decode against the same pair for 1
+     request (target ≤ 1.3 ×); also the call alone and ``step_time(scheduled=, computed=)``;
+  2. building ``Batch(s, c)`` for 256 requests against the ``step_time`` call (≤ 10 %);
+  3. ``k.batch_arrays(batch)`` (the gradient path), µs (≤ 20 µs);
+  4. ``price_many`` on 256-request int32 arrays against a NumPy pass reading the same arrays
+     once, same run (≥ 0.5), and its batches/s;
+  5. one batch's gradient against its forward call (≤ 3 ×), and over 4,096 batches;
+  6. ``jkernel price … --batch 32x1@4096`` as a whole process against
+     ``python -c "import jax"`` (≤ 1.5 ×; the second run of the command, settings as shipped);
+  7. compile of one bucket (≤ 1 s) — a fresh trace, lowering and XLA compile;
+  8. the 256-request step with XLA's CPU client at its default thread count against one
+     thread (what the entry points now choose), each in a fresh process.
+
+Ratios are medians of interleaved rounds, so a shared machine's load affects both sides.
+Runs unchanged on a GPU (``JAX_PLATFORMS`` unset): the device is printed. Also runs on an
+older jkernel (features it lacks are measured the old way and marked so).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import jax
 import numpy as np
 
-import jkernel
-from jkernel import Batch
+ROOT = Path(__file__).resolve().parent.parent
+
+import jkernel  # noqa: E402  (importing configures nothing; the first open does)
+from jkernel import Batch  # noqa: E402
+
+NEW = hasattr(jkernel, "ArgumentError")          # the jkernel of issue 14
+if NEW:      # measure compiles honestly in this process (the CLI figure uses the cache)
+    os.environ.setdefault("JKERNEL_CACHE_DIR", "0")
 
 
-def median_us(fn, repeat: int, inner: int = 1) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times) * 1e6
+def per_call_us(fn, inner: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner * 1e6
 
 
-def machine() -> str:
+def interleaved(fns: dict, rounds: int, inner: int) -> dict:
+    """Median per-call µs of each function over ``rounds`` interleaved rounds."""
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            times[k].append(per_call_us(f, inner))
+    return {k: statistics.median(v) for k, v in times.items()}, times
+
+
+def ratio(times: dict, a: str, b: str) -> float:
+    """Median over rounds of times[a] / times[b] (same round)."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def machine(jax) -> str:
     dev = jax.devices()[0]
     cpu = platform.processor() or platform.machine()
     return (f"{platform.system()} {platform.machine()} ({cpu}), {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, jax {jax.__version__}, device "
-            f"{dev.platform}:{getattr(dev, 'device_kind', '')}")
+            f"Python {platform.python_version()}, jax {jax.__version__}, "
+            f"{jax.device_count()} × {dev.platform}:{getattr(dev, 'device_kind', '')}")
+
+
+def load() -> str:
+    return "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def row(name: str, value: str, target: str = "") -> None:
+    print(f"  {name:<62} {value:>18}   {target}")
+
+
+def subprocess_seconds(cmd: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+_THREAD_SNIPPET = """
+import json, statistics, time, numpy as np, jkernel
+k = jkernel.open({scenario!r})
+s1, c1 = np.ones(1, np.int32), np.full(1, 4096, np.int32)
+rng = np.random.default_rng(0)
+s, c = np.ones(256, np.int32), rng.integers(100, 8000, 256).astype(np.int32)
+b1, b256 = jkernel.Batch(s1, c1), jkernel.Batch(s, c)
+k.step_time(b1); k.step_time(b256)
+def us(b, n={inner}):
+    t0 = time.perf_counter()
+    for _ in range(n): k.step_time(b)
+    return (time.perf_counter() - t0) / n * 1e6
+r = [(us(b1), us(b256)) for _ in range({rounds})]
+print(json.dumps({{"one": statistics.median(a for a, _ in r),
+                  "many": statistics.median(b for _, b in r)}}))
+"""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="llama-3.1-70b-h100-tp4")
-    ap.add_argument("--batches", type=int, default=1 << 20,
-                    help="batches for the price_many throughput")
-    ap.add_argument("--chunk", type=int, default=1 << 15)
-    ap.add_argument("--repeat", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and batches")
+    ap.add_argument("--batches", type=int, default=None,
+                    help="batches for price_many (default 262,144; --quick 32,768)")
     args = ap.parse_args()
-    k = jkernel.open(args.scenario)     # first: jkernel's entry point configures JAX's CPU
-    print(f"machine   {machine()}")    # backend (synchronous dispatch) before it starts
-    print(f"scenario  {args.scenario}: {k}")
+    quick = args.quick
+    rounds, inner = (5, 200) if quick else (15, 500)
+    nb = args.batches or (1 << 15 if quick else 1 << 18)
 
-    print("\ncompile time per bucket (first call of a fresh program)")
-    for size in k.buckets:
-        t0 = time.perf_counter()
-        k.step_time(Batch([1] * min(size, 8), [100] * min(size, 8)) if size == k.buckets[0]
-                    else Batch([1] * size, [100] * size))
-        print(f"  bucket {size:>5}: {time.perf_counter() - t0:6.2f} s")
+    k = jkernel.open(args.scenario)     # first: the entry point configures JAX's CPU backend
+    import jax
+    import jax.numpy as jnp
+
+    print(f"machine   {machine(jax)}")
+    print(f"jkernel   {'issue-14 build' if NEW else 'base build'} from {jkernel.__file__}")
+    print(f"scenario  {args.scenario}: {k}")
+    print(f"start     {load()}")
+    print(f"\n  {'figure':<62} {'measured':>18}   target")
 
     rng = np.random.default_rng(0)
-    batches = {
-        "1-request decode": Batch([1], [4096]),
-        "256-request decode": Batch([1] * 256, rng.integers(100, 8000, 256)),
-        "mixed (1 prefill of 2048 + 63 decodes)": Batch([2048] + [1] * 63,
-                                                        [0] + list(rng.integers(100, 8000, 63))),
+    s1, c1 = np.ones(1, np.int32), np.full(1, 4096, np.int32)
+    s256 = np.ones(256, np.int32)
+    c256 = rng.integers(100, 8000, 256).astype(np.int32)
+    b1, b256 = Batch(s1, c1), Batch(s256, c256)
+
+    # 1–2: the single step and the Batch it takes ------------------------------------------
+    fns = {
+        "pair1": lambda: k.step_time(Batch(s1, c1)),
+        "pair256": lambda: k.step_time(Batch(s256, c256)),
+        "call1": lambda: k.step_time(b1),
+        "call256": lambda: k.step_time(b256),
+        "batch256": lambda: Batch(s256, c256),
+        "batch256_lists": (lambda sl=list(s256), cl=list(c256): Batch(sl, cl)),
     }
-    print("\nstep_time from Python, median per call")
-    for name, b in batches.items():
-        k.step_time(b)
-        us = median_us(lambda: k.step_time(b), repeat=args.repeat)
-        print(f"  {name:<40} {us:8.1f} µs")
+    if NEW:
+        fns["direct256"] = lambda: k.step_time(scheduled=s256, computed=c256)
+        fns["direct1"] = lambda: k.step_time(scheduled=s1, computed=c1)
+    med, times = interleaved(fns, rounds, inner)
+    row("step_time(Batch(s, c)) 256-decode / 1-request", f"{ratio(times, 'pair256', 'pair1'):.2f} ×",
+        "≤ 1.3 ×")
+    row(f"   (µs: {med['pair256']:.1f} / {med['pair1']:.1f})", "")
+    row("step_time(batch) alone, 256 / 1", f"{ratio(times, 'call256', 'call1'):.2f} ×")
+    if NEW:
+        row("step_time(scheduled=, computed=) 256 / 1", f"{ratio(times, 'direct256', 'direct1'):.2f} ×")
+        row(f"   (µs: {med['direct256']:.1f} / {med['direct1']:.1f})", "")
+    row("Batch(s, c) for 256 requests (int32 arrays) / step_time call",
+        f"{ratio(times, 'batch256', 'call256') * 100:.0f} %", "≤ 10 %")
+    row(f"   (µs: {med['batch256']:.1f} / {med['call256']:.1f})", "")
+    row("Batch(s, c) for 256 requests (Python lists) / step_time call",
+        f"{ratio(times, 'batch256_lists', 'call256') * 100:.0f} %")
 
-    print("\nprice_many on 256-request batches (one program per chunk of batches)")
-    n = args.batches
-    sched = np.ones((n, 256), np.int32)
-    comp = rng.integers(100, 8000, (n, 256)).astype(np.int32)
-    for dtype, label in ((None, "float64"), (np.float32, "float32")):
-        k.price_many(scheduled=sched[:args.chunk], computed=comp[:args.chunk], chunk=args.chunk,
-                     dtype=dtype)                                    # compile
-        runs = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            k.price_many(scheduled=sched, computed=comp, chunk=args.chunk, dtype=dtype)
-            runs.append(time.perf_counter() - t0)
-        rate = n / statistics.median(runs)
-        print(f"  {label}: {n:,} batches in {statistics.median(runs):.3f} s → "
-              f"{rate:,.0f} batches/s")
+    # 3: batch_arrays -------------------------------------------------------------------------
+    med3, _ = interleaved({"ba": lambda: jax.block_until_ready(k.batch_arrays(b256))},
+                          rounds, inner // 2)
+    row("k.batch_arrays(batch), 256 requests", f"{med3['ba']:.1f} µs", "≤ 20 µs")
 
-    print("\ngradient of one batch (256-request decode) against the forward call, both jitted")
-    arrays = k.batch_arrays(batches["256-request decode"])
-    fwd = jax.jit(lambda p, b: k.step_fn(p, b).no_overlap_s)
-    grad = jax.jit(jax.grad(lambda p, b: k.step_fn(p, b).no_overlap_s))
-    fwd(k.params, arrays).block_until_ready()
-    jax.block_until_ready(grad(k.params, arrays))
-    t_f = median_us(lambda: fwd(k.params, arrays).block_until_ready(), repeat=500)
-    t_g = median_us(lambda: jax.block_until_ready(grad(k.params, arrays)), repeat=500)
-    print(f"  forward {t_f:8.1f} µs   gradient {t_g:8.1f} µs   ratio {t_g / t_f:5.2f}")
+    # 4: price_many against a NumPy pass reading the same arrays once -------------------------
+    sched = np.ones((nb, 256), np.int32)
+    comp = rng.integers(100, 8000, (nb, 256)).astype(np.int32)
+    chunk = 1 << 13
+    k.price_many(scheduled=sched[:chunk], computed=comp[:chunk], chunk=chunk)   # compile
+    pm, npass = [], []
+    for _ in range(3 if quick else 5):
+        t0 = time.perf_counter()
+        k.price_many(scheduled=sched, computed=comp, chunk=chunk)
+        pm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        sched.sum(axis=1)
+        comp.sum(axis=1)
+        npass.append(time.perf_counter() - t0)
+    r4 = statistics.median(n / p for n, p in zip(npass, pm))
+    row(f"price_many {nb:,} × 256 int32 / NumPy read-once pass (speed)", f"{r4:.2f}", "≥ 0.5")
+    row(f"   price_many {nb / statistics.median(pm):,.0f} batches/s on "
+        f"{jax.devices()[0].platform}; NumPy pass {nb / statistics.median(npass):,.0f}/s", "",
+        "GPU: ≥ 5e7/s (H200)")
+    def aligned(a):
+        buf = np.empty(a.size + 16, a.dtype)
+        off = (-buf.ctypes.data % 64) // a.itemsize
+        out = buf[off:off + a.size].reshape(a.shape)
+        out[...] = a
+        return out
 
-    print("\ngradient over 4,096 batches at once (the calibration case), both jitted")
-    import jax.numpy as jnp
+    sa, ca = aligned(sched), aligned(comp)
+    pa, na = [], []
+    for _ in range(3 if quick else 5):
+        t0 = time.perf_counter()
+        k.price_many(scheduled=sa, computed=ca, chunk=chunk)
+        pa.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        sa.sum(axis=1)
+        ca.sum(axis=1)
+        na.append(time.perf_counter() - t0)
+    row("   same, arrays 64-byte aligned (XLA reads them in place)",
+        f"{statistics.median(n / p for n, p in zip(na, pa)):.2f}")
+    # the ceiling: the compiled program alone on one device-resident chunk
+    dev = [jax.device_put(x) for x in (sa[:chunk], ca[:chunk],
+                                       np.tile(np.array([[1, 0, 0]], np.int32), (chunk, 1)))]
+    prog = lambda: jax.block_until_ready(k._c.many(k._flat, *dev))  # noqa: E731
+    npc = lambda: (sa[:chunk].sum(axis=1), ca[:chunk].sum(axis=1))  # noqa: E731
+    med4, t4 = interleaved({"prog": prog, "np": npc}, rounds, 3)
+    row("   the pricing program alone (one chunk, on device) / NumPy pass",
+        f"{ratio(t4, 'np', 'prog'):.2f}", "(the bound)")
+    k.price_many(scheduled=sched[:chunk], computed=comp[:chunk], chunk=chunk,
+                 dtype=jnp.float32)
+    t0 = time.perf_counter()
+    k.price_many(scheduled=sched, computed=comp, chunk=chunk, dtype=jnp.float32)
+    row("   price_many float32, batches/s", f"{nb / (time.perf_counter() - t0):,.0f}")
+
+    # 5: gradient of one batch against its forward call ---------------------------------------
+    if NEW:
+        grads = {"fwd": lambda: k.step_time(b256),
+                 "grad": lambda: k.gradient(b256, of="no_overlap_s")}
+        how = "Kernel.gradient / step_time"
+        arrays = k.batch_arrays(b256)
+        fwd = jax.jit(lambda p, b: k.step_fn(p, b).no_overlap_s)
+        grad = jax.jit(jax.grad(lambda p, b: k.step_fn(p, b).no_overlap_s))
+        _, t_old = interleaved({"fwd": lambda: fwd(k.params, arrays).block_until_ready(),
+                                "grad": lambda: jax.block_until_ready(grad(k.params, arrays))},
+                               rounds, inner // 5)
+        row("jit(grad(step_fn)) / jit(step_fn) (a Params-shaped gradient, as before)",
+            f"{ratio(t_old, 'grad', 'fwd'):.2f} ×")
+    else:
+        arrays = k.batch_arrays(b256)
+        fwd = jax.jit(lambda p, b: k.step_fn(p, b).no_overlap_s)
+        grad = jax.jit(jax.grad(lambda p, b: k.step_fn(p, b).no_overlap_s))
+        grads = {"fwd": lambda: fwd(k.params, arrays).block_until_ready(),
+                 "grad": lambda: jax.block_until_ready(grad(k.params, arrays))}
+        how = "jit(grad(step_fn)) / jit(step_fn) (no Kernel.gradient)"
+    med5, t5 = interleaved(grads, rounds, inner // 5)
+    row(f"one batch's gradient / forward ({how})", f"{ratio(t5, 'grad', 'fwd'):.2f} ×",
+        "≤ 3 ×")
+    row(f"   (µs: {med5['grad']:.1f} / {med5['fwd']:.1f})", "")
     from jkernel.step import BatchArrays
 
-    nb = 4096
-    s = jnp.ones((nb, 256), jnp.int32)
-    c = jnp.asarray(rng.integers(100, 8000, (nb, 256)), jnp.int32)
-    bulk = BatchArrays(s, c, c, s > 0, jnp.ones(nb, jnp.int32), jnp.zeros(nb, jnp.int32),
-                       jnp.zeros(nb, jnp.int32))
+    nbg = 4096
+    s = jnp.ones((nbg, 256), jnp.int32)
+    c = jnp.asarray(rng.integers(100, 8000, (nbg, 256)), jnp.int32)
+    bulk = BatchArrays(s, c, c, s > 0, jnp.ones(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32),
+                       jnp.zeros(nbg, jnp.int32))
     total = lambda p, b: jnp.sum(k.step_fn(p, b).no_overlap_s)  # noqa: E731
     fwd_b, grad_b = jax.jit(total), jax.jit(jax.grad(total))
-    jax.block_until_ready(fwd_b(k.params, bulk))
-    jax.block_until_ready(grad_b(k.params, bulk))
-    t_f = median_us(lambda: jax.block_until_ready(fwd_b(k.params, bulk)), repeat=50)
-    t_g = median_us(lambda: jax.block_until_ready(grad_b(k.params, bulk)), repeat=50)
-    print(f"  forward {t_f / 1e3:8.2f} ms   gradient {t_g / 1e3:8.2f} ms   ratio {t_g / t_f:5.2f}")
+    med5b, t5b = interleaved({"fwd": lambda: jax.block_until_ready(fwd_b(k.params, bulk)),
+                              "grad": lambda: jax.block_until_ready(grad_b(k.params, bulk))},
+                             3 if quick else 7, 3)
+    row("gradient / forward summed over 4,096 batches (calibration)",
+        f"{ratio(t5b, 'grad', 'fwd'):.2f} ×", "≈ 1 ×")
+
+    # 7: compile of one bucket ------------------------------------------------------------------
+    comp_s = []
+    for size in k.buckets[:2] if quick else k.buckets:
+        packed = np.zeros(2 * size + 3, np.int32)
+        from jkernel.kernel import _Compiled
+
+        fresh = _Compiled(k.plan, k.options, k._c.names)      # new functions: a cold trace
+        t0 = time.perf_counter()
+        fresh.one.lower(k._flat, packed).compile()
+        comp_s.append((size, time.perf_counter() - t0))
+    row("compile of one bucket (trace + lower + XLA), s",
+        ", ".join(f"{sz}: {t:.2f}" for sz, t in comp_s), "≤ 1 s")
+
+    # 6: the command as a whole process against importing jax ----------------------------------
+    with tempfile.TemporaryDirectory() as home:
+        env = {key: v for key, v in os.environ.items() if key != "JKERNEL_CACHE_DIR"}
+        env.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"),
+                   PYTHONPATH=str(ROOT))
+        cmd = [sys.executable, "-m", "jkernel", "price", args.scenario, "--batch", "32x1@4096"]
+        first = subprocess_seconds(cmd, env)                 # the first run fills the cache
+        runs = []
+        for _ in range(3 if quick else 5):
+            runs.append((subprocess_seconds(cmd, env),
+                         subprocess_seconds([sys.executable, "-c", "import jax"], env)))
+        cached = Path(home, ".cache", "jkernel", "xla")
+        r6 = statistics.median(a / b for a, b in runs)
+        row("`jkernel price … --batch 32x1@4096` / `python -c 'import jax'`", f"{r6:.2f} ×",
+            "≤ 1.5 ×")
+        row(f"   (s: first run {first:.2f}, then {statistics.median(a for a, _ in runs):.2f}"
+            f" / {statistics.median(b for _, b in runs):.2f}; cache "
+            f"{'on: ' + str(len(list(cached.iterdir()))) + ' entries' if cached.is_dir() else 'off'})",
+            "")
+
+        # 8: XLA CPU threads for the small step --------------------------------------------
+        if jax.devices()[0].platform == "cpu":
+            snippet = _THREAD_SNIPPET.format(scenario=args.scenario, inner=inner // 2,
+                                             rounds=max(3, rounds // 3))
+            res = {}
+            for label, extra in (("default threads", {"JKERNEL_CPU_THREADS": "0"}),
+                                 ("one thread", {"PJRT_NPROC": "1"})):
+                e = {key: v for key, v in env.items() if key != "PJRT_NPROC"}
+                e.update(extra, JKERNEL_CACHE_DIR="0" if NEW else "")
+                if not NEW:
+                    e.pop("JKERNEL_CACHE_DIR")
+                out = subprocess.run([sys.executable, "-c", snippet], env=e, cwd=ROOT,
+                                     capture_output=True, text=True, check=True)
+                res[label] = json.loads(out.stdout.strip().splitlines()[-1])
+            for label, r in res.items():
+                row(f"256-request step_time, XLA CPU {label} (µs; / 1-request)",
+                    f"{r['many']:.1f} ({r['many'] / r['one']:.2f} ×)")
+    print(f"\nend       {load()}")
 
 
 if __name__ == "__main__":

@@ -10,19 +10,36 @@ Build one kernel per pool and price batches with it::
 The public names are below; everything else is importable but not promised.
 """
 
-from .batch import Batch, Request
-from .catalog import Repos
-from .errors import Refusal
-from .kernel import (Kernel, enable_compilation_cache, enable_x64, new, open, open_inputs,
-                     open_pool)
-from .overheads import Placement
-from .params import Params
-from .resolve import ENGINE_BEHAVIOUR_VERSION, KERNEL_ASSUMPTION_SET
-from .step import RESOURCES, StepEstimate, StepOptions
+from importlib import import_module as _import
+
+#: Public name → the module that defines it. Loaded on first use (PEP 562), so that
+#: ``jkernel catalog`` or ``jkernel derive`` start without importing JAX.
+_HOME = {
+    "Batch": "batch", "Request": "batch", "Repos": "catalog", "Refusal": "errors",
+    "Kernel": "kernel", "enable_compilation_cache": "kernel", "enable_x64": "kernel",
+    "new": "kernel", "open": "kernel", "open_inputs": "kernel", "open_pool": "kernel",
+    "Placement": "overheads", "Params": "params", "ENGINE_BEHAVIOUR_VERSION": "resolve",
+    "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "step", "StepEstimate": "step",
+    "StepOptions": "step", "ArgumentError": "validate",
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'jkernel' has no attribute {name!r}")
+    value = getattr(_import(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))
+
 
 __version__ = "0.1.0"
 
 __all__ = ["open", "open_pool", "open_inputs", "new", "Kernel", "Batch", "Request",
-           "StepEstimate", "StepOptions", "Refusal", "Placement", "Params", "Repos",
+           "StepEstimate", "StepOptions", "Refusal", "ArgumentError", "Placement", "Params", "Repos",
            "RESOURCES", "enable_x64", "enable_compilation_cache",
            "ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .step import BatchArrays
+from .validate import ArgumentError, step_scalars, tokens_array
 
 __all__ = ["Request", "Batch", "DEFAULT_BUCKETS", "bucket_for", "parse_batch_spec"]
 
@@ -43,41 +44,12 @@ class Request:
     cached_tokens: int = 0
 
 
-def _int_array(name: str, values, n: int | None = None) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind == "f":
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} holds NaN or infinite values")
-        if not np.all(arr == np.round(arr)):
-            raise ValueError(f"{name} must hold whole token counts, got {arr[arr != np.round(arr)][:3]}")
-    elif arr.size and arr.dtype.kind not in "iub":
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"{name} must be ≥ 0, got {int(arr.min())}")
-    if arr.size and arr.max() >= 2 ** 31:
-        raise ValueError(f"{name} exceeds 2^31 tokens")
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"{name} has {arr.shape[0]} entries but scheduled has {n}")
-    return arr.astype(np.int32)
-
-
-def _int_scalar(name: str, value) -> int:
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    f = float(value)
-    if not math.isfinite(f) or f != int(f):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    return int(f)
-
-
 class Batch:
     """One step's requests: ``scheduled[i]`` tokens run now, ``computed[i]`` already cached.
 
     Args:
-      scheduled, computed: sequences of ints of one length ``n`` (tokens).
+      scheduled, computed: sequences of ints of one length ``n`` (tokens). An int32 numpy
+        array is kept as it is, not copied (do not change it while the batch is in use).
       prompt_len: carried, not read by any formula (default ``computed + scheduled``).
       decode_threshold: a request with ``scheduled > decode_threshold`` is a prefill
         (default 1, vLLM's; D27).
@@ -85,22 +57,28 @@ class Batch:
       pad_tokens: data-parallel lockstep pad tokens (negative counts as 0).
     """
 
-    __slots__ = ("scheduled", "computed", "prompt_len", "decode_threshold", "sm_budget",
+    __slots__ = ("scheduled", "computed", "_prompt_len", "decode_threshold", "sm_budget",
                  "pad_tokens")
 
     def __init__(self, scheduled=(), computed=None, prompt_len=None, *,
                  decode_threshold: int = 1, sm_budget: int = 0, pad_tokens: int = 0):
-        self.scheduled = _int_array("scheduled", scheduled)
-        n = self.scheduled.shape[0]
+        # Checks live in jkernel.validate (shared with price_many and the CLI); an int32
+        # numpy array is taken as it is, after one sign check (the simulator's fast path).
+        self.scheduled = s = tokens_array("scheduled", scheduled)
+        n = s.shape[0]
         self.computed = (np.zeros(n, np.int32) if computed is None
-                         else _int_array("computed", computed, n))
-        self.prompt_len = (self.scheduled + self.computed if prompt_len is None
-                           else _int_array("prompt_len", prompt_len, n))
-        self.decode_threshold = _int_scalar("decode_threshold", decode_threshold)
-        self.sm_budget = _int_scalar("sm_budget", sm_budget)
-        if self.sm_budget < 0:
-            raise ValueError(f"sm_budget must be ≥ 0, got {self.sm_budget}")
-        self.pad_tokens = max(_int_scalar("pad_tokens", pad_tokens), 0)   # D27
+                         else tokens_array("computed", computed, n))
+        self._prompt_len = (None if prompt_len is None
+                           else tokens_array("prompt_len", prompt_len, n))
+        self.decode_threshold, self.sm_budget, self.pad_tokens = step_scalars(
+            decode_threshold, sm_budget, pad_tokens)                     # pad < 0 → 0: D27
+
+    @property
+    def prompt_len(self) -> np.ndarray:
+        """Carried, not read by any formula; ``scheduled + computed`` unless given."""
+        if self._prompt_len is None:
+            self._prompt_len = self.scheduled + self.computed
+        return self._prompt_len
 
     @classmethod
     def of(cls, requests: Sequence[Request | tuple], **kw) -> "Batch":
@@ -135,13 +113,18 @@ class Batch:
         n = len(self)
         if size < n:
             raise ValueError(f"bucket {size} is smaller than the batch ({n} requests)")
-        pad = size - n
-        z = lambda a: np.pad(a, (0, pad))  # noqa: E731
-        return BatchArrays(z(self.scheduled), z(self.computed), z(self.prompt_len),
-                           np.pad(np.ones(n, bool), (0, pad)),
+        out = np.zeros((4, size), np.int32)
+        out[0, :n] = self.scheduled
+        out[1, :n] = self.computed
+        out[2, :n] = self.prompt_len
+        out[3, :n] = 1
+        return BatchArrays(out[0], out[1], out[2], out[3].astype(bool),
                            np.int32(self.decode_threshold), np.int32(self.sm_budget),
                            np.int32(self.pad_tokens))
 
+
+#: The most requests one ``NxS@C`` spec may describe (a guard against a typo's 10¹⁰).
+MAX_SPEC_REQUESTS = 1 << 20
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*@\s*(\d+)\s*$")
 
@@ -155,12 +138,18 @@ def parse_batch_spec(spec: str) -> tuple[list[int], list[int]]:
     computed: list[int] = []
     if not spec.strip():
         return scheduled, computed
+    terms = []
     for part in spec.split(","):
         m = _SPEC.match(part)
         if not m:
-            raise ValueError(f"batch term {part.strip()!r} is not NxS@C (N requests of S "
-                             "scheduled tokens at C cached tokens), e.g. 32x1@4096")
-        n, s, c = (int(x) for x in m.groups())
+            raise ArgumentError("batch", f"term {part.strip()!r} is not NxS@C (N requests of "
+                                "S scheduled tokens at C cached tokens), e.g. 32x1@4096")
+        terms.append(tuple(int(x) for x in m.groups()))
+    total = sum(n for n, _, _ in terms)
+    if total > MAX_SPEC_REQUESTS:
+        raise ArgumentError("batch", f"{total:,} requests; a step holds at most "
+                            f"{MAX_SPEC_REQUESTS:,} here (vLLM's max_num_seqs is far lower)")
+    for n, s, c in terms:
         scheduled += [s] * n
         computed += [c] * n
     return scheduled, computed

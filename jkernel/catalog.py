@@ -39,18 +39,33 @@ def shipped_root() -> Path:
     return Path(jkernel_catalog.__file__).resolve().parent
 
 
+def _env_root(var: str) -> Path | None:
+    """The folder an environment variable names; one that is not a folder is refused (it
+    used to list nothing without a word, issue 10)."""
+    env = os.environ.get(var)
+    if not env:
+        return None
+    p = Path(env).expanduser()
+    if not p.is_dir():
+        from .errors import Refusal
+
+        what = "does not exist" if not p.exists() else "is not a folder"
+        raise Refusal("R2", f"${var} points at {p}, which {what}; set it to a catalog "
+                      f"folder or unset it to use the shipped catalog ({shipped_root()})",
+                      field=var)
+    return p
+
+
 def catalog_root(repos: Repos | None = None) -> Path:
     if repos is not None and repos.catalog is not None:
         return Path(repos.catalog)
-    env = os.environ.get("JKERNEL_CATALOG")
-    return Path(env) if env else shipped_root()
+    return _env_root("JKERNEL_CATALOG") or shipped_root()
 
 
 def registry_root(repos: Repos | None = None) -> Path:
     if repos is not None and repos.registry is not None:
         return Path(repos.registry)
-    env = os.environ.get("JKERNEL_REGISTRY")
-    return Path(env) if env else shipped_root()
+    return _env_root("JKERNEL_REGISTRY") or shipped_root()
 
 
 def scenario_path(bundle: str | Path, repos: Repos | None = None) -> Path:

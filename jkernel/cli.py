@@ -19,9 +19,7 @@ import json
 import sys
 
 from . import catalog as _catalog
-from .batch import Batch
 from .errors import Refusal
-from .step import RESOURCES
 
 __all__ = ["main"]
 
@@ -48,6 +46,9 @@ def _title(k) -> str:
 
 
 def _cmd_price(args) -> int:
+    from .batch import Batch
+    from .step import RESOURCES
+
     batch = Batch.from_spec(args.batch, decode_threshold=args.decode_threshold,
                             sm_budget=args.sm_budget, pad_tokens=args.pad_tokens)
     out = []

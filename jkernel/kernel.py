@@ -32,9 +32,11 @@ from .params import Params
 from .plan import Plan
 from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
 from .step import RESOURCES, BatchArrays, StepEstimate, StepOptions, make_step_fn
+from . import validate as _v
+from .validate import ArgumentError
 
 __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
-           "enable_compilation_cache"]
+           "enable_compilation_cache", "default_cache_dir", "ArgumentError"]
 
 #: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -49,16 +51,46 @@ def enable_x64() -> None:
         jax.config.update("jax_enable_x64", True)
 
 
-def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
+def default_cache_dir() -> str | None:
+    """Where compiled step programs persist: ``$JKERNEL_CACHE_DIR`` (``0`` turns the cache
+    off: None), else the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)
+    ``/jkernel/xla``."""
+    env = (os.environ.get("JKERNEL_CACHE_DIR") or "").strip()
+    if env == "0":
+        return None
+    if env:
+        return os.path.expanduser(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "jkernel", "xla")
+
+
+def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
     """Persist compiled step programs across processes in ``path`` (default
-    ``$JKERNEL_CACHE_DIR`` or ``~/.cache/jkernel/xla``). Returns the directory used."""
-    path = str(path or os.environ.get("JKERNEL_CACHE_DIR")
-               or os.path.join(os.path.expanduser("~"), ".cache", "jkernel", "xla"))
-    os.makedirs(path, exist_ok=True)
+    :func:`default_cache_dir`), so a second run of a command compiles nothing. Returns the
+    directory used, or None when ``JKERNEL_CACHE_DIR=0`` turns the cache off (or the
+    directory cannot be made, which only costs compile time)."""
+    path = str(path) if path is not None else default_cache_dir()
+    if path is None:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def _backend_started() -> bool:
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge._backends)
+    except Exception:          # private API moved: assume started, change nothing
+        return True
+
+
+_ENTERED = False
 
 
 def _entry() -> None:
@@ -69,12 +101,26 @@ def _entry() -> None:
       asynchronous CPU dispatch adds ~40 µs per call around it. It takes effect only if JAX's
       CPU backend has not started yet (let jkernel open a kernel first for the fastest
       ``step_time``); ``JKERNEL_CPU_ASYNC_DISPATCH=1`` keeps JAX's default;
-    * the persistent compilation cache when ``JKERNEL_CACHE_DIR`` is set.
+    * one intra-op thread in XLA's CPU client (``PJRT_NPROC=1``, read when the client
+      starts, unless the caller set it): a step is too small to gain from a second thread,
+      and XLA splitting it over two cost 2–3 × (see benchmarks/RESULTS.md); ``price_many``
+      keeps the cores busy with a thread per chunk instead. ``JKERNEL_CPU_THREADS=N`` asks
+      for N;
+    * the persistent compilation cache in :func:`default_cache_dir` (on by default,
+      ``JKERNEL_CACHE_DIR=0`` turns it off), unless the caller configured JAX's own.
     """
+    global _ENTERED
     enable_x64()
-    if os.environ.get("JKERNEL_CPU_ASYNC_DISPATCH", "0") != "1":
-        jax.config.update("jax_cpu_enable_async_dispatch", False)
-    if os.environ.get("JKERNEL_CACHE_DIR"):
+    if _ENTERED:
+        return
+    _ENTERED = True
+    if not _backend_started():
+        if os.environ.get("JKERNEL_CPU_ASYNC_DISPATCH", "0") != "1":
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
+        threads = os.environ.get("JKERNEL_CPU_THREADS", "1")
+        if "PJRT_NPROC" not in os.environ and threads.strip() not in ("", "0"):
+            os.environ["PJRT_NPROC"] = threads.strip()
+    if not jax.config.jax_compilation_cache_dir:
         enable_compilation_cache()
 
 
@@ -111,11 +157,19 @@ class _Compiled:
 
         def many(flat, sched, comp, scal):
             """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
-            slices the caller's arrays into chunks without copying them into one."""
+            slices the caller's arrays into chunks without copying them into one. Also
+            returns the smallest ``scheduled`` and ``computed`` (int32 ``(2,)``): the sign
+            check of int32 inputs rides on this one read of them instead of a host pass."""
             self.traces += 1
             batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
                                 scal[..., 2])
-            return pack(step_fn(unpack(flat), batch))
+            lows = jnp.stack([jnp.min(sched, initial=0), jnp.min(comp, initial=0)])
+            return pack(step_fn(unpack(flat), batch)), lows
+
+        def grad_of(field: int):
+            def value(flat, packed):
+                return one(flat, packed)[field]
+            return jax.jit(jax.value_and_grad(value))
 
         self.unpack = unpack
         self.pack = pack
@@ -123,6 +177,17 @@ class _Compiled:
         self.many = jax.jit(many)
         self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None, None)))
         self.jit_step = jax.jit(step_fn)
+        self._grads: dict[int, Any] = {}
+        self._grad_of = grad_of
+
+    def grad(self, field: int):
+        """``jit(value_and_grad)`` of one packed output column w.r.t. the flat params: one
+        program with one output array (a Params-shaped output would be one buffer per
+        name, which costs more than the backward pass itself for one batch)."""
+        g = self._grads.get(field)
+        if g is None:
+            g = self._grads[field] = self._grad_of(field)
+        return g
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,13 +195,7 @@ def _compiled(plan: Plan, options: StepOptions, names: tuple[str, ...]) -> _Comp
     return _Compiled(plan, options, names)
 
 
-def max_zero(x):
-    """``max(x, 0)`` elementwise for an int or an array (a negative pad counts as 0, D27)."""
-    return np.maximum(np.asarray(x, np.int64), 0)
-
-
-def _estimate(row: np.ndarray) -> StepEstimate:
-    vals = [float(x) for x in row]
+def _estimate(vals: list) -> StepEstimate:
     per = dict(zip(RESOURCES, vals[3:8]))
     return StepEstimate(vals[0], vals[1], vals[2], per, int(vals[8]))
 
@@ -195,24 +254,69 @@ class Kernel:
 
     # -- the step ---------------------------------------------------------------------------
     def batch_arrays(self, batch: Batch, bucket: int | None = None) -> BatchArrays:
-        """``batch`` padded to its bucket, as jnp :class:`BatchArrays` for ``step_fn``."""
+        """``batch`` padded to its bucket as :class:`BatchArrays` for ``step_fn``: numpy
+        arrays (``jit``, ``grad`` and the unjitted ``step_fn`` take them as they are; a
+        jitted call moves them in the same step as its other arguments, where one eager
+        ``jnp.asarray`` per field cost ~60 µs each)."""
         size = bucket if bucket is not None else bucket_for(len(batch), self.buckets)
-        return BatchArrays(*(jnp.asarray(x) for x in batch.pad_to(size)))
+        return batch.pad_to(size)
 
-    def _packed(self, batch: Batch) -> np.ndarray:
-        n = len(batch)
+    def _pack(self, batch: Batch | None, scheduled, computed, decode_threshold, sm_budget,
+              pad_tokens) -> np.ndarray:
+        """The int32 ``(2R + 3,)`` input of the packed step program (validated)."""
+        if batch is not None:
+            if scheduled is not None or computed is not None:
+                raise ArgumentError("batch", "give a Batch or scheduled/computed arrays, "
+                                    "not both")
+            if not isinstance(batch, Batch):
+                raise ArgumentError("batch", f"must be a jkernel.Batch, not "
+                                    f"{type(batch).__name__} (or pass scheduled=, computed=)")
+            s, c = batch.scheduled, batch.computed
+            scal = (batch.decode_threshold, batch.sm_budget, batch.pad_tokens)
+        else:
+            if scheduled is None:
+                raise ArgumentError("scheduled", "step_time needs a Batch or a scheduled "
+                                    "array")
+            s = _v.tokens_array("scheduled", scheduled)
+            c = (np.zeros(s.shape[0], np.int32) if computed is None
+                 else _v.tokens_array("computed", computed, s.shape[0]))
+            scal = _v.step_scalars(decode_threshold, sm_budget, pad_tokens)
+        n = s.shape[0]
         size = bucket_for(n, self.buckets)
         packed = np.zeros(2 * size + 3, np.int32)
-        packed[:n] = batch.scheduled
-        packed[size:size + n] = batch.computed
-        packed[2 * size:] = (batch.decode_threshold, batch.sm_budget, batch.pad_tokens)
+        packed[:n] = s
+        packed[size:size + n] = c
+        packed[2 * size:] = scal
         return packed
 
-    def step_time(self, batch: Batch) -> StepEstimate:
-        """Price one step (jitted; one program per bucket). Fields are Python floats."""
-        if not isinstance(batch, Batch):
-            raise TypeError(f"step_time takes a jkernel.Batch, not {type(batch).__name__}")
-        return _estimate(np.asarray(self._c.one(self._flat, self._packed(batch))))
+    def step_time(self, batch: Batch | None = None, *, scheduled=None, computed=None,
+                  decode_threshold: int = 1, sm_budget: int = 0, pad_tokens: int = 0
+                  ) -> StepEstimate:
+        """Price one step (jitted; one program per bucket). Fields are Python floats.
+
+        Either a :class:`Batch`, or its arrays directly (``scheduled``, ``computed``: ``(n,)``
+        token counts; int32 numpy arrays are read without a copy) and its scalars, checked
+        as ``Batch`` checks them — the cheapest call for a simulator.
+        """
+        packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
+                            pad_tokens)
+        return _estimate(np.asarray(self._c.one(self._flat, packed)).tolist())
+
+    def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
+                 scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,
+                 pad_tokens: int = 0) -> tuple[float, Params]:
+        """``(value, d value / d params)`` of one step's ``of`` (``expected_s``,
+        ``overlap_s``, ``no_overlap_s`` or ``<resource>_s``) at the kernel's params: one
+        jitted program. The gradient is a :class:`Params` of numpy float64 scalars (SI
+        units per unit of each parameter)."""
+        if of not in _PACK[:-1]:
+            raise ArgumentError("of", f"{of!r} is not a priced figure; allowed: "
+                                f"{', '.join(_PACK[:-1])}")
+        packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
+                            pad_tokens)
+        value, g = self._c.grad(_PACK.index(of))(self._flat, packed)
+        g = np.asarray(g)
+        return float(value), Params(dict(zip(self._c.names, g)))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
@@ -228,9 +332,14 @@ class Kernel:
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
         ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
-        scalars may be ints or arrays of shape ``(batches,)``. ``dtype=jnp.float32`` prices
-        in single precision. Memory stays bounded by the chunk, however many batches come.
-        Returns a :class:`StepEstimate` of numpy arrays of shape ``(batches,)``.
+        scalars may be ints or arrays of shape ``(batches,)``, checked as ``Batch`` checks
+        them. int32 C-contiguous arrays are not copied on the host and their sign is
+        checked by the same program that prices them; on CPU, XLA reads them in place when
+        they are 64-byte aligned (else each chunk is copied once on its way in). ``dtype=jnp.float32`` prices in single
+        precision. With several devices (``jax.local_devices()``), every chunk is split
+        over all of them along the batch axis (same results as one device). Memory stays
+        bounded by the chunk, however many batches come. Returns a :class:`StepEstimate`
+        of numpy arrays of shape ``(batches,)``; zero batches give empty arrays.
         """
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
@@ -244,16 +353,25 @@ class Kernel:
         params pytree).
 
         ``params``: a list of :class:`Params` (same names as the kernel's), or one Params
-        whose leaves have a leading axis. Returns arrays of shape ``(param_sets, batches)``.
+        whose leaves have a leading axis. Batches are given and checked as in
+        :meth:`price_many` (and split over the devices likewise). Returns arrays of shape
+        ``(param_sets, batches)``.
         """
         if not isinstance(params, Params):
+            params = list(params)
+            if not params:
+                raise ArgumentError("params", "needs at least one parameter set")
             params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params)
         if tuple(params) != self._c.names:
-            raise ValueError("params must have exactly the kernel's names")
+            raise ArgumentError("params", "must have exactly the kernel's names")
         flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
+        if flat.ndim != 2:
+            raise ArgumentError("params", "a single Params needs leaves with a leading "
+                                "param-set axis (or pass a list of Params)")
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
-        rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1)
+        rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1,
+                             sets=flat.shape[0])
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
@@ -262,7 +380,13 @@ class Kernel:
         caller's arrays when they are already int32 and contiguous) and scalars ``(B, 3)``."""
         if batches is not None:
             if scheduled is not None or computed is not None:
-                raise ValueError("give either batches or scheduled/computed arrays, not both")
+                raise ArgumentError("batches", "give either batches or scheduled/computed "
+                                    "arrays, not both")
+            batches = list(batches)
+            for j, b in enumerate(batches):
+                if not isinstance(b, Batch):
+                    raise ArgumentError(f"batches[{j}]", f"must be a jkernel.Batch, not "
+                                        f"{type(b).__name__}")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
             s = np.zeros((len(batches), width), np.int32)
             c = np.zeros((len(batches), width), np.int32)
@@ -273,37 +397,46 @@ class Kernel:
                 scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
             return s, c, scal
         if scheduled is None:
-            raise ValueError("price_many needs batches or a scheduled array")
-        s = np.asarray(scheduled)
-        c = np.zeros_like(s) if computed is None else np.asarray(computed)
-        if s.ndim != 2 or c.shape != s.shape:
-            raise ValueError(f"scheduled and computed must both have shape (batches, requests)"
-                             f", got {s.shape} and {c.shape}")
-        for name, x in (("scheduled", s), ("computed", c)):
-            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-                raise ValueError(f"{name} holds NaN or infinite values")
-            if x.dtype.kind not in "iuf":
-                raise ValueError(f"{name} must hold integers, got dtype {x.dtype}")
-            if x.size and x.min() < 0:
-                raise ValueError(f"{name} must be ≥ 0")
-            if x.size and x.max() >= 2 ** 31:
-                raise ValueError(f"{name} exceeds 2^31 tokens")
+            raise ArgumentError("scheduled", "price_many needs batches or a scheduled array")
+        s = _v.tokens_matrix("scheduled", scheduled)
+        c = np.zeros_like(s) if computed is None else _v.tokens_matrix("computed", computed)
+        if c.shape != s.shape:
+            raise ArgumentError("computed", f"must have the shape of scheduled {s.shape} "
+                                f"(batches, requests), got {c.shape}")
         nb = s.shape[0]
-        scal = np.stack([np.broadcast_to(np.asarray(x, np.int64), (nb,))
-                         for x in (decode_threshold, max_zero(sm_budget), max_zero(pad_tokens))],
-                        axis=1).astype(np.int32)
-        return (np.ascontiguousarray(s, dtype=np.int32), np.ascontiguousarray(c, dtype=np.int32),
-                scal)
+        scal = np.stack([_v.scalar_column("decode_threshold", decode_threshold, nb),
+                         _v.scalar_column("sm_budget", sm_budget, nb),
+                         _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)], axis=1)
+        return s, c, scal
 
     @staticmethod
-    def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0):
+    def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0,
+                 sets: int = 0):
         """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
-        every chunk runs one program), two chunks at a time: XLA runs each program on one
-        core and releases the GIL, so a second thread keeps a second core busy."""
+        every chunk runs one program). One device: two chunks at a time, as XLA runs each
+        program on the calling thread and releases the GIL, so a second thread keeps a
+        second core busy. Several devices: each chunk is split over all of them along the
+        batch axis (``jax.sharding``), one chunk at a time."""
         n = arrays[0].shape[0]
+        chunk = int(chunk)
+        if chunk < 1:
+            raise ArgumentError("chunk", f"must be ≥ 1, got {chunk}")
         if n == 0:
-            raise ValueError("no batches to price")
+            empty = np.zeros((0, len(_PACK)))
+            return empty if not sets else np.zeros((sets, 0, len(_PACK)))
+        devices = jax.local_devices()
+        if jax.config.jax_default_device is not None:     # `with jax.default_device(d)`
+            devices = [jax.config.jax_default_device]
         size = min(chunk, n)
+        put = functools.partial(jax.device_put, may_alias=True)
+        if len(devices) > 1:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+            nd = len(devices)
+            size = -(-size // nd) * nd
+            sharding = NamedSharding(Mesh(np.asarray(devices), ("batches",)),
+                                     PartitionSpec("batches"))
+            put = functools.partial(jax.device_put, device=sharding, may_alias=True)
 
         def run(start: int) -> np.ndarray:
             parts = [x[start:start + size] for x in arrays]
@@ -311,11 +444,16 @@ class Kernel:
             if short:
                 parts = [np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
                          for x in parts]
-            out = np.asarray(fn(*(jax.device_put(x, may_alias=True) for x in parts)))
+            rows, lows = fn(*(put(x) for x in parts))
+            lows = np.asarray(lows).reshape(-1, 2).min(axis=0)
+            for name, low in zip(("scheduled", "computed"), lows):
+                if low < 0:
+                    raise ArgumentError(name, f"must be ≥ 0, got {int(low)}")
+            out = np.asarray(rows)
             return out.take(np.arange(size - short), axis=axis) if short else out
 
         starts = range(0, n, size)
-        workers = min(len(starts), _WORKERS)
+        workers = 1 if len(devices) > 1 else min(len(starts), _WORKERS)
         if workers <= 1:
             outs = [run(i) for i in starts]
         else:
@@ -357,7 +495,12 @@ class Kernel:
 
     # -- around a step (methods.md) ---------------------------------------------------------
     def admission_overhead(self, prompt_tokens: int) -> float:
-        return float(_overheads.admission_overhead(self.params, prompt_tokens))
+        """Host time before a request of ``prompt_tokens`` (whole, ≥ 0) is scheduled, s.
+
+        methods.md prices ``prompt_tokens ≤ 0`` as 0; only 0 reaches that branch here: a
+        negative, fractional or NaN count is refused as ``Batch`` refuses it (issue 10)."""
+        t = _v.whole("prompt_tokens", prompt_tokens)
+        return float(_overheads.admission_overhead(self.params, t))
 
     def output_token_overhead(self) -> float:
         return float(_overheads.output_token_overhead(self.params))
@@ -367,17 +510,31 @@ class Kernel:
 
     def pd_transfer_time(self, tokens: int, src: _overheads.Placement,
                          dst: _overheads.Placement) -> float:
-        """KV transfer of one request to the decode pool (call on the prefill pool, D26)."""
+        """KV transfer of one request to the decode pool (call on the prefill pool, D26).
+        ``tokens`` whole and ≥ 0; ``src`` and ``dst`` are :class:`~jkernel.Placement`."""
+        t = _v.whole("tokens", tokens)
+        for name, p in (("src", src), ("dst", dst)):
+            if not isinstance(p, _overheads.Placement):
+                raise ArgumentError(name, f"must be a jkernel.Placement, not {p!r}")
         return float(_overheads.pd_transfer_time(
-            self.params, tokens, kv_bytes_per_token=self.plan.kv_bytes_per_token,
+            self.params, t, kv_bytes_per_token=self.plan.kv_bytes_per_token,
             same_node=src.node == dst.node,
             same_rack_domain=self._r.links["rack_domain"] and src.rack == dst.rack,
             floor_name=self._r.settings.get("pd_floor_name")))
 
     def tier_time(self, tier: str, direction: str, nbytes: float, queue_depth: int = 1
                   ) -> float:
+        """Move ``nbytes`` (finite, ≥ 0) to or from offload tier ``tier`` with
+        ``queue_depth`` (whole, ≥ 1) transfers in flight, s."""
+        if not isinstance(tier, str):
+            raise ArgumentError("tier", f"must be a tier name, got {tier!r}")
+        if direction not in ("to_tier", "from_tier"):
+            raise ArgumentError("direction", f"must be 'to_tier' or 'from_tier', not "
+                                f"{direction!r}")
+        nb = _v.amount("nbytes", nbytes)
+        depth = _v.positive("queue_depth", queue_depth)
         return float(_overheads.tier_time(self.params, self.inputs.devices.get(tier),
-                                          direction, nbytes, queue_depth))
+                                          direction, nb, depth))
 
     # -- introspection (resolution.md §12) --------------------------------------------------
     def provenance(self) -> list:

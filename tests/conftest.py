@@ -7,6 +7,7 @@ The tests import the *installed* jkernel (run ``pytest`` from the repository roo
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +19,10 @@ DATA = Path(__file__).resolve().parent / "data"
 SPEC_CATALOG = DATA / "spec_catalog"
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
+
+# jkernel's entry points turn on the persistent compilation cache in the user's cache folder
+# by default; the tests must never write there (a test that wants a cache gives its own).
+os.environ["JKERNEL_CACHE_DIR"] = "0"
 
 import jkernel  # noqa: E402
 

@@ -54,10 +54,10 @@ def k_fabric():
 
 def test_admission_overhead(k):
     """vectors.md §5 [S]: admission_overhead(1000) = 1000·0.35 µs = 350,000 ns (±1); zero or
-    negative prompt tokens cost 0; with no per-request entry the term is 0 (recorded absent)."""
+    with no per-request entry the term is 0 (recorded absent). A negative count is refused
+    (issue 10), see test_methods_refuse_bad_arguments."""
     assert ns(k.admission_overhead(1000)) == pytest.approx(350_000, abs=1)
     assert k.admission_overhead(0) == 0.0
-    assert k.admission_overhead(-3) == 0.0
     assert ns(k.admission_overhead(1)) == pytest.approx(350, abs=1)
     assert k.assumption("host_admission_per_request").startswith("absent")
 
@@ -131,9 +131,9 @@ def test_pd_transfer_on_one_node(k_fabric, k):
 
 
 def test_pd_transfer_zero_tokens(k_fabric):
-    """vectors.md §5: pd_transfer_time(0, …) = 0 (and a negative count is 0 too)."""
+    """vectors.md §5: pd_transfer_time(0, …) = 0 (a negative count is refused, issue 10:
+    see test_methods_refuse_bad_arguments)."""
     assert k_fabric.pd_transfer_time(0, Placement(0), Placement(1)) == 0.0
-    assert k_fabric.pd_transfer_time(-8, Placement(0), Placement(1)) == 0.0
 
 
 def test_pd_transfer_is_not_divided_by_dcp():
@@ -230,3 +230,25 @@ def test_methods_return_float_seconds(k):
               k.pd_transfer_time(10, Placement(0), Placement(1)),
               k.tier_time("sata_ssd", "to_tier", 1e6, 2)):
         assert isinstance(v, float) and math.isfinite(v) and v >= 0
+
+
+# -- one validation for every entry point (issue 10): each call below used to return a
+# silent 0 / 1e-6 or fail with a raw AttributeError; now each names its argument.
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda k: k.admission_overhead(-5), "prompt_tokens"),              # returned 0
+    (lambda k: k.admission_overhead(float("nan")), "prompt_tokens"),    # returned 0
+    (lambda k: k.admission_overhead(2.5), "prompt_tokens"),
+    (lambda k: k.pd_transfer_time(-4096, Placement(0), Placement(1)), "tokens"),  # returned 0
+    (lambda k: k.pd_transfer_time(4096, 0, 1), "src"),                  # raw AttributeError
+    (lambda k: k.pd_transfer_time(4096, Placement(0), None), "dst"),
+    (lambda k: k.tier_time("cpu_dram", "to_tier", -1), "nbytes"),       # returned 1e-6
+    (lambda k: k.tier_time("cpu_dram", "to_tier", float("inf")), "nbytes"),
+    (lambda k: k.tier_time("cpu_dram", "to_tier", 10, 0), "queue_depth"),
+    (lambda k: k.tier_time("cpu_dram", "sideways", 10), "direction"),
+])
+def test_methods_refuse_bad_arguments(k, call, argument):
+    with pytest.raises(jkernel.ArgumentError) as info:
+        call(k)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(argument)

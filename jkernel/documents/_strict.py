@@ -20,44 +20,139 @@ from ..errors import Refusal
 _MISSING = object()
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as ``7.0e3`` and ``1e-6``.
+#: Deepest nesting of mappings and lists a document may have (the catalog's go 8 deep); a
+#: deeper one is refused before it is built (a 5,000-deep document used to raise a raw
+#: RecursionError).
+MAX_DEPTH = 64
 
-    PyYAML follows YAML 1.1, where an exponent needs a sign and a dot, so ``7.0e3`` would be
-    read as a string; the catalog's documents (written for a YAML 1.2 reader) use both forms.
-    """
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                 |[-+]?\.(?:inf|Inf|INF)
-                |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                |\.(?:nan|NaN|NAN))$""", re.X)
+
+#: libyaml's C parser when PyYAML was built with it (5 × faster on the coefficient sets),
+#: else the pure-Python one; both build through the same strict constructor below.
+_BASE = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+USING_LIBYAML = _BASE is not yaml.SafeLoader
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, mark):
+        self.key, self.mark = key, mark
+
+
+class _TooDeep(yaml.YAMLError):
+    def __init__(self, mark):
+        self.mark = mark
+
+
+class _Loader(_BASE):
+    """Safe loader with the strict rules: YAML 1.2 floats, no duplicate keys, bounded depth.
+
+    PyYAML follows YAML 1.1, where an exponent needs a sign and a dot, so ``7.0e3`` would be
+    read as a string; the catalog's documents (written for a YAML 1.2 reader) use both forms.
+    A key given twice in one mapping is refused (YAML forbids it; PyYAML keeps the last).
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    k = (key_node.tag, key_node.value)
+                    if k in seen:
+                        raise _DuplicateKey(key_node.value, key_node.start_mark)
+                    seen.add(k)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+def _check_depth(node) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` (iteratively: no recursion to blow)."""
+    stack = [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        if d > MAX_DEPTH:
+            raise _TooDeep(n.start_mark)
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                if not isinstance(v, yaml.ScalarNode):
+                    stack.append((v, d + 1))
+                if not isinstance(k, yaml.ScalarNode):
+                    stack.append((k, d + 1))
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((v, d + 1) for v in n.value if not isinstance(v, yaml.ScalarNode))
 
 
 def refuse(reason: str, *, file: str | None, field: str | None, code: str = "R1") -> Refusal:
     return Refusal(code, reason, field=field, file=file)
 
 
+def _where(mark) -> str:
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
 def load_yaml_documents(text: str, file: str | None) -> list[Any]:
-    """Parse a YAML stream into its documents, turning syntax errors into R1 refusals."""
+    """Parse a YAML stream into its documents (each parsed once), turning syntax errors,
+    duplicate keys and too-deep nesting into R1 refusals naming the file."""
+    loader = _Loader(text)
     try:
-        return list(yaml.load_all(text, Loader=_Loader))
+        docs = []
+        while loader.check_node():
+            node = loader.get_node()
+            _check_depth(node)
+            docs.append(loader.construct_document(node))
+        return docs
+    except _DuplicateKey as exc:
+        raise refuse(f"key {exc.key!r} is given twice in one mapping{_where(exc.mark)}; "
+                     "YAML allows a key once — remove one of them", file=file,
+                     field=str(exc.key)) from None
+    except _TooDeep as exc:
+        raise refuse(f"nesting deeper than {MAX_DEPTH} levels{_where(exc.mark)}; no jkernel "
+                     "document nests that deep", file=file, field=None) from None
+    except RecursionError:        # composing itself ran out of stack (pure-Python parser)
+        raise refuse(f"nesting deeper than {MAX_DEPTH} levels; no jkernel document nests "
+                     "that deep", file=file, field=None) from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):            # libyaml's own limit (1,000)
+            raise refuse(f"nesting deeper than {MAX_DEPTH} levels{_where(exc.problem_mark)}; "
+                         "no jkernel document nests that deep", file=file,
+                         field=None) from None
         raise refuse(f"not valid YAML: {exc}", file=file, field=None) from None
+    finally:
+        loader.dispose()
+
+
+_PARSED: dict[tuple, list[Any]] = {}
 
 
 def read_yaml_file(path, code_missing: str = "R2", what: str = "document") -> tuple[Any, str]:
-    """Read one single-document YAML file; a missing file is refused with ``code_missing``."""
+    """Read one single-document YAML file; a missing file is refused with ``code_missing``.
+
+    A file is parsed once per process while it is unchanged (keyed by its path, size and
+    modification time): a bundle's pools share their chip, model and coefficient files.
+    Callers read the result and never change it.
+    """
     from pathlib import Path
 
     p = Path(path)
-    if not p.is_file():
+    try:
+        st = p.stat()
+    except OSError:
+        st = None
+    if st is None or not p.is_file():
         raise Refusal(code_missing, f"{what} not found at {p}", file=str(p))
-    docs = load_yaml_documents(p.read_text(), str(p))
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    docs = _PARSED.get(key)
+    if docs is None:
+        docs = load_yaml_documents(p.read_text(), str(p))
+        if len(_PARSED) > 256:
+            _PARSED.clear()
+        _PARSED[key] = docs
     if len(docs) != 1:
         raise refuse(f"expected exactly one YAML document, found {len(docs)}", file=str(p),
                      field=None)

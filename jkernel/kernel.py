@@ -214,6 +214,17 @@ class Kernel:
             raise TypeError(f"step_time takes a jkernel.Batch, not {type(batch).__name__}")
         return _estimate(np.asarray(self._c.one(self._flat, self._packed(batch))))
 
+    def breakdown(self, batch: Batch):
+        """Where ``batch``'s step time goes: a :class:`pandas.DataFrame` of layer kind ×
+        named term × resource seconds with each term's share of ``expected_s``
+        (:func:`jkernel.terms.breakdown_table`; jitted, not on the packed fast path)."""
+        from .terms import breakdown_table
+
+        if not isinstance(batch, Batch):
+            raise TypeError(f"breakdown takes a jkernel.Batch, not {type(batch).__name__}")
+        return breakdown_table(self.plan, self._c.jit_step(self.params,
+                                                           self.batch_arrays(batch)))
+
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
         for size in buckets or self.buckets:

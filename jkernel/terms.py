@@ -31,7 +31,8 @@ from .plan import EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPla
 
 __all__ = ["Term", "ReadShape", "read_shape", "primary_read", "Constants", "SERIAL_TERMS",
            "HOST_TERMS", "GPU_STEP_TERMS", "layer_terms", "lm_head", "draft_passes",
-           "graph_replay", "kernel_launches", "kernel_gap", "host_serial", "STEP"]
+           "graph_replay", "kernel_launches", "kernel_gap", "host_serial", "STEP",
+           "breakdown_table", "BREAKDOWN_COLUMNS"]
 
 _SHARDABLE = ("gqa", "mla", "sparse_mla")
 _LATENT = ("mla", "sparse_mla")
@@ -536,3 +537,52 @@ def kernel_gap(plan: Plan, c: Constants, st) -> Term:
 def host_serial(plan: Plan, c: Constants, st) -> Term:
     """``expected_s`` only: per-step host work that does not overlap the GPU (expected.md)."""
     return Term.of(c.zero, expected=c.params["host_serial"] * jnp.ones_like(st.b.tokens))
+
+
+# -- where a step's time goes --------------------------------------------------------------
+
+#: Columns of :func:`breakdown_table` (seconds unless named otherwise).
+BREAKDOWN_COLUMNS = ("kind", "layers", "term", "sm_s", "hbm_s", "nvlink_s", "nic_s", "host_s",
+                     "expected_s", "share")
+
+
+def breakdown_table(plan: Plan, estimate):
+    """Rows of layer kind × term × resource seconds of one (unbatched) estimate.
+
+    Returns a :class:`pandas.DataFrame` with :data:`BREAKDOWN_COLUMNS`: ``layers`` is the
+    kind's layer count (1 for the step-level terms, kind :data:`STEP`); the resource columns
+    are the edges' seconds of the term over all its layers, and sum over the rows to
+    ``per_resource_s``; ``expected_s`` is the term's part of ``expected_s`` on its critical
+    path — the GPU terms when ``gpu_s ≥ host_s``, else the host terms (the other side is
+    hidden under it and shows 0), plus ``host serial`` — so the column sums to
+    ``expected_s`` (exactly for the hard maximum, ``smooth_temperature = 0``); ``share`` is
+    ``expected_s`` of the row over the step's.
+    """
+    import numpy as np
+    import pandas as pd
+
+    if estimate.terms is None:
+        raise ValueError("this estimate carries no terms (a packed fast path); price with "
+                         "Kernel.breakdown or step_fn")
+    counts = {k.id: k.count for k in plan.kinds}
+    f = lambda x: float(np.asarray(x))  # noqa: E731
+    step = estimate.terms[STEP]
+    gpu = sum(f(t.expected_s) for kid, d in estimate.terms.items() for n, t in d.items()
+              if kid != STEP or n in GPU_STEP_TERMS)
+    host = sum(f(step[n].expected_s) for n in HOST_TERMS)
+    gpu_critical = gpu >= host
+    total = f(estimate.expected_s)
+    rows = []
+    order = [k.id for k in plan.kinds] + [STEP]
+    for kid in order:
+        for name in sorted(estimate.terms[kid]):
+            t = estimate.terms[kid][name]
+            if kid == STEP and name in HOST_TERMS:
+                exp = f(t.expected_s) if not gpu_critical else 0.0
+            elif kid == STEP and name == "host serial":
+                exp = f(t.expected_s)
+            else:
+                exp = f(t.expected_s) if gpu_critical else 0.0
+            rows.append((kid, counts.get(kid, 1), name, f(t.sm_s), f(t.hbm_s), f(t.nvlink_s),
+                         f(t.nic_s), f(t.host_s), exp, exp / total if total > 0 else 0.0))
+    return pd.DataFrame(rows, columns=list(BREAKDOWN_COLUMNS))

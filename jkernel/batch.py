@@ -137,7 +137,7 @@ class Batch:
             raise ValueError(f"bucket {size} is smaller than the batch ({n} requests)")
         pad = size - n
         z = lambda a: np.pad(a, (0, pad))  # noqa: E731
-        return BatchArrays(z(self.scheduled), z(self.computed), z(self.prompt_len),
+        return BatchArrays(z(self.scheduled), z(self.computed),
                            np.pad(np.ones(n, bool), (0, pad)),
                            np.int32(self.decode_threshold), np.int32(self.sm_budget),
                            np.int32(self.pad_tokens))

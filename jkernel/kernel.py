@@ -105,7 +105,7 @@ class _Compiled:
             self.traces += 1                       # runs at trace time only
             r = (packed.shape[-1] - 3) // 2
             sched, comp = packed[..., :r], packed[..., r:2 * r]
-            batch = BatchArrays(sched, comp, comp, sched > 0, packed[..., 2 * r],
+            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
             return pack(step_fn(unpack(flat), batch))
 
@@ -113,7 +113,7 @@ class _Compiled:
             """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
             slices the caller's arrays into chunks without copying them into one."""
             self.traces += 1
-            batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
+            batch = BatchArrays(sched, comp, sched > 0, scal[..., 0], scal[..., 1],
                                 scal[..., 2])
             return pack(step_fn(unpack(flat), batch))
 
@@ -233,13 +233,13 @@ class Kernel:
             self._c.one(self._flat, packed).block_until_ready()
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
-                   computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
+                   computed=None, decode_threshold=1, sm_budget=0,
                    pad_tokens=0, chunk: int = 4096, dtype=None) -> StepEstimate:
         """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
-        ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
-        scalars may be ints or arrays of shape ``(batches,)``. ``dtype=jnp.float32`` prices
+        ``(batches, requests)``, zero-padded; the scalars may be ints or arrays of shape
+        ``(batches,)``. ``dtype=jnp.float32`` prices
         in single precision. Memory stays bounded by the chunk, however many batches come.
         Returns a :class:`StepEstimate` of numpy arrays of shape ``(batches,)``.
         """

@@ -22,7 +22,8 @@ from .documents.graph import DTYPE_BYTES, LATENT_KINDS
 from .errors import Refusal
 from .memory import MemoryPlan, plan_memory
 from .params import CHIP_NAMES, Params, si_scale
-from .plan import (EAGER, FULL, PIECEWISE, CollectiveKey, GroupPlan, Plan, plan_layers)
+from .plan import (EAGER, FULL, PIECEWISE, CollectiveKey, GroupPlan, Plan,
+                   collectives_needed, plan_layers)
 
 __all__ = ["ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET", "RULES", "Rules", "Inputs",
            "Override", "CoefficientOrigin", "Resolution", "Resolved", "open_inputs",
@@ -401,7 +402,6 @@ def resolve(inputs: Inputs) -> Resolved:
                        for n in lk.nodes if n.op == "Attention" and not n.role]
     first_attn = next((n for kid in _first_appearance(model) for n in model.kind(kid).nodes
                        if n.op == "Attention" and not n.role), None)
-    kv_kind = first_attn.kind if first_attn is not None else ""
     latent_model = any(n.kind in LATENT_KINDS for n in primaries)
     sparse_model = any(n.kind == "sparse_mla" for n in primaries)
     dsa = any(n.kind == "sparse_mla" and n.d_h == 576 for n in primaries)
@@ -603,23 +603,8 @@ def resolve(inputs: Inputs) -> Resolved:
 
     # collective keys (§5.3)
     chip_key = cl.hardware.replace("-", "_")
-    key_specs: list[tuple[str, str]] = []
-    if tp > 1:
-        key_specs += [("all_reduce", "TP"), ("all_gather", "TP"), ("reduce_scatter", "TP")]
-    if moe_group > 1 and has_moe:
-        # spec silent for a model without experts; a group that runs no collective needs no
-        # coefficients (the spirit of D33), so a dense model never needs the alltoall key.
-        key_specs.append(("alltoall", "Expert"))
-    if dcp > 1:
-        key_specs.append(("all_gather", "DCP"))
-        if dcp_backend == "a2a":
-            key_specs.append(("alltoall", "DCP"))
-        elif pcp > 1:
-            key_specs.append(("all_reduce", "DCP"))
-        else:
-            key_specs.append(("reduce_scatter", "DCP"))
-    if pcp > 1:
-        key_specs.append(("all_gather", "PCP"))
+    key_specs = collectives_needed(kinds, tp=tp, moe_group=moe_group, has_moe=has_moe,
+                                   dcp=dcp, pcp=pcp, dcp_backend=dcp_backend)
     coll_keys = []
     for op, gname in key_specs:
         g = next(x for x in groups if x.name == gname)
@@ -712,10 +697,10 @@ def resolve(inputs: Inputs) -> Resolved:
         local_expert_share=(per_rank / e_phys if (ep_on and e_phys) else 1.0),
         expert_tensor_shards=shards, dp_slice=(shards / tp if ep <= 1 else 1.0),
         funnel=dp if (moe_group > 1 and dp > 1) else 1, routed_a2a=routed_a2a,
-        suffix=suffix, shape_aware=shape_aware, blackwell=chip.blackwell,
+        shape_aware=shape_aware, blackwell=chip.blackwell,
         decode_mode=decode_mode, other_mode=other_mode, capture_ceiling=ceiling,
         uniform_decode_width=uniform_width, num_spec=num_spec, kv_bytes_per_token=kvB,
-        kv_kind=kv_kind, block_size=block, dcp_comm_backend=dcp_backend, mla_chunk=mla_chunk,
+        block_size=block, dcp_comm_backend=dcp_backend, mla_chunk=mla_chunk,
         gemm_names=tuple(gemm), decode_pairs=tuple(decode_pairs), recurrent_names=rec_names,
         draft_kinds=draft_kinds)
 

@@ -28,15 +28,14 @@ RESOURCES = ("sm", "hbm", "nvlink", "nic", "host")
 class BatchArrays(NamedTuple):
     """A batch as padded arrays (a pytree).
 
-    ``scheduled``, ``computed``, ``prompt_len``: int arrays ``(R,)`` of tokens run this step,
-    tokens already in the KV cache, and the prompt length (carried, not read). ``mask``:
+    ``scheduled``, ``computed``: int arrays ``(R,)`` of tokens run this step and tokens
+    already in the KV cache. ``mask``:
     bool ``(R,)``, True for real requests (a request with ``scheduled = 0`` is padding anyway,
     D32). ``decode_threshold``, ``sm_budget``, ``pad_tokens``: int scalars (step.md §1.1).
     """
 
     scheduled: jax.Array
     computed: jax.Array
-    prompt_len: jax.Array
     mask: jax.Array
     decode_threshold: jax.Array
     sm_budget: jax.Array
@@ -45,6 +44,22 @@ class BatchArrays(NamedTuple):
 
 class StepEstimate(NamedTuple):
     """The price of one step, float seconds (arrays under ``vmap``).
+
+    ``overlap_s`` and ``no_overlap_s`` are the reference's two edges (step.md), kept at
+    parity with the spec, including its non-monotone rules (see :func:`_edges`).
+    ``expected_s`` is jkernel's own estimate (expected.md): ``max(gpu_s, host_s) +
+    host_serial_s`` over the named terms, exactly the sum of the breakdown's ``expected_s``
+    column. It is **not** bounded by the edges: its refinements add work the edges leave out
+    (the MoE all-to-all's second direction, replicated GEMMs, activation traffic, a prefill
+    chunk's cache read, the drafter) and remove work they charge (logits for every token,
+    a FULL graph's kernel launches, compute summed with memory), so it can lie above
+    ``no_overlap_s`` (large MoE steps) or below ``overlap_s``. With the refinements off and
+    the host terms and ``kernel_gap``/``host_serial`` at zero, ``overlap_s ≤ expected_s ≤
+    no_overlap_s``. With the default options it is non-decreasing when a request is added,
+    when a request's scheduled or cached tokens grow, and when a decode crosses the decode
+    threshold; the host side follows vLLM's graph mode, so a step that becomes a uniform
+    decode (FULL graph) or crosses the capture ceiling can change its host time either way
+    (hidden whenever the GPU side is longer).
 
     ``per_resource_s`` maps each of :data:`RESOURCES` to its total (zeros included; see
     :meth:`resources` for the spec's positive-only view). ``bottleneck`` is an index into
@@ -162,6 +177,18 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
     for window in _windows(plan):
         lanes[("window", window)] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
                                                                mask=pre[..., None])
+    # expected_s (refinement 6): every live request's read of its cache, prefills included
+    lanes["live_kv_tokens"] = jnp.where(live, ctx, zero)
+    for shape in shapes:
+        lanes[("live", shape)] = jnp.where(live, terms.primary_read(shape, ctx), zero)
+    # expected_s (refinement 7): each prefill's causal work per row, maximised (not summed)
+    rows = jnp.where(pre, s_loc, 1.0)
+    lanes[("row_max", 0)] = jnp.where(pre, pairs / rows, zero)
+    for window in _windows(plan):
+        chunk_rows = jnp.sum(chunk_s, axis=-1)
+        lanes[("row_max", window)] = jnp.where(
+            pre & (chunk_rows > 0), laws.windowed_causal_flops(chunk_s, chunk_c, window)
+            / jnp.where(chunk_rows > 0, chunk_rows, 1.0), zero)
     return {k: v.astype(dt) for k, v in lanes.items()}
 
 
@@ -191,12 +218,15 @@ def _sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
     thr = jnp.asarray(batch.decode_threshold).astype(dt)[..., None]
     lanes = _request_lanes(plan, jnp.asarray(batch.scheduled), jnp.asarray(batch.computed),
                            jnp.asarray(batch.mask), thr, dt)
+    maxima = {n: lanes.pop(n) for n in list(lanes) if isinstance(n, tuple) and n[0] == "row_max"}
     names = list(lanes)
     ops = tuple(jnp.broadcast_to(lanes[n], lanes["tokens"].shape) for n in names)
     init = tuple(jnp.zeros((), dt) for _ in names)
     sums = jax.lax.reduce(ops, init, lambda a, b: tuple(x + y for x, y in zip(a, b)),
                           (ops[0].ndim - 1,))
-    return dict(zip(names, sums))
+    out = dict(zip(names, sums))
+    out.update({n: jnp.max(v, axis=-1, initial=0.0) for n, v in maxima.items()})
+    return out
 
 
 class _Batch:
@@ -248,6 +278,18 @@ class _Batch:
         """Windowed causal FLOPs of the step's prefill chunks (step.md §2, §6.3)."""
         return self.sums[("window", window)]
 
+    def live_read(self, shape):
+        """``expected_s``: Σ over every live request, prefills included, of its primary read."""
+        return self.sums["live_kv_tokens"] if shape is None else self.sums[("live", shape)]
+
+    def prefill_rows(self, window: int):
+        """``expected_s``: the token count at which prefill attention runs, ``W / max_i w_i``
+        (``W`` the step's causal work, ``w_i`` a prefill's work per query row): the one
+        prefill's own rows for a single prefill, never raised by another request's rows."""
+        work = self.windowed(window) if window > 0 else self.causal_flops
+        per_row = self.sums[("row_max", window if window > 0 else 0)]
+        return jnp.where(per_row > 0, work / jnp.where(per_row > 0, per_row, 1.0), 0.0)
+
 
 class _Step:
     """One batch's token counts with the quantities every layer shares (§4, §5, §6.11)."""
@@ -262,6 +304,7 @@ class _Step:
         self.r_a = laws.ramp(b.t_real, c.eps, c.m_half)
         self.has_dec = b.decode_requests > 0
         self.has_pre = b.prefill_requests > 0
+        self.has_live = b.n_live > 0
 
     def later_draft_pass(self, c: terms.Constants) -> "_Step":
         """The token counts of a later draft pass: one decode token per live request."""
@@ -269,6 +312,7 @@ class _Step:
         n = self.b.n_live
         later.b = _DraftBatch(self.b)
         later.sm_derate, later.has_dec, later.has_pre = self.sm_derate, n > 0, n < 0
+        later.has_live = n > 0
         later.r_g = later.r_a = laws.ramp(n, c.eps, c.m_half)
         return later
 
@@ -293,7 +337,12 @@ class _DraftBatch:
     def decode_read(self, shape):
         return self.decode_kv_tokens if shape is None else self._b.sums[shape.for_draft()]
 
+    live_read = decode_read                  # every live request of a draft pass decodes
+
     def windowed(self, window: int):
+        return jnp.zeros_like(self.tokens)
+
+    def prefill_rows(self, window: int):
         return jnp.zeros_like(self.tokens)
 
     def requests(self):

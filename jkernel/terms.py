@@ -149,7 +149,8 @@ class Constants:
 
     def coll(self, key: CollectiveKey, group: GroupPlan, nbytes, a2a: bool):
         """One collective launch → ``(nvlink_s, nic_s)``, priced by the measured law; a group
-        that crosses nodes pays the span on its bytes (step.md §6.8)."""
+        that crosses nodes pays the span on its bytes (step.md §6.8). ``key`` comes from
+        :meth:`Plan.key`, which always has one (the plan's collective table)."""
         p = self.params
         law = lambda x: laws.collective_time(x, p[key.floor], p[key.peak],  # noqa: E731
                                              p[key.transition])
@@ -226,28 +227,56 @@ def _single_launch(att: AttentionPlan, plan: Plan) -> bool:
     return att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell
 
 
+def _monotone(options) -> bool:
+    """expected.md refinements 6 and 7 (jkernel's, on with refinements 1–5): the terms that
+    keep ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`
+    and :func:`attention_prefill`)."""
+    return options.expected_refinements
+
+
 def attention_decode_read(att: AttentionPlan, plan: Plan, options, c: Constants, st) -> Term:
-    """The primary attention's decode read of its cache (step.md §6.3) and the plain KV
-    read where no decode rate is calibrated (§6.6). In a mixed single-launch step the
-    cheaper of the two floors is not charged (D4 on a tie: the decode's)."""
-    b = st.b
+    """The primary attention's read of its cache (step.md §6.3) and the plain KV read where
+    no decode rate is calibrated (§6.6). In a mixed single-launch step the cheaper of the two
+    floors is not charged (D4 on a tie: the decode's).
+
+    The edges charge the read of decodes only, so a decode that crosses the decode threshold
+    stops reading its context (the reference's behaviour). ``expected_s`` (refinement 6)
+    charges every live request's read, prefills included: vLLM v0.31.0's attention backends
+    read a prefill chunk's keys and values — its cached context and the chunk just written —
+    from the paged cache, so a request that turns from decode into prefill keeps its read
+    and adds its prefill work.
+    """
     f_dec, r_dec = c.pair(att.kind)
-    T = b.decode_read(read_shape(plan, att))
     with_rate = r_dec > 0
-    hbm = jnp.where(st.has_dec & with_rate,
-                    laws.floor_plus_rate(T * plan.bpt_layer, f_dec, r_dec), 0.0)
-    if _single_launch(att, plan):
-        f_p = c.params["attention_prefill_floor"]
-        cond = st.has_dec & st.has_pre & with_rate & (c.params["attention_prefill_work_scale"]
-                                                      > 0)
-        hbm = hbm - jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)
-    fallback = jnp.where(st.has_dec & ~with_rate, T * plan.bpt_layer, 0.0) / c.B_hbm
-    return Term.of(c.zero, hbm=hbm + fallback, expected=hbm + fallback)
+    shape = read_shape(plan, att)
+    single = _single_launch(att, plan)
+    f_p = c.params["attention_prefill_floor"]
+    scaled = c.params["attention_prefill_work_scale"] > 0
+
+    def priced(T, reads):
+        hbm = jnp.where(reads & with_rate,
+                        laws.floor_plus_rate(T * plan.bpt_layer, f_dec, r_dec), 0.0)
+        if single:
+            cond = reads & st.has_pre & with_rate & scaled
+            hbm = hbm - jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)
+        return hbm + jnp.where(reads & ~with_rate, T * plan.bpt_layer, 0.0) / c.B_hbm
+
+    edge = priced(st.b.decode_read(shape), st.has_dec)
+    exp = priced(st.b.live_read(shape), st.has_live) if _monotone(options) else edge
+    return Term.of(c.zero, hbm=edge, expected=exp)
 
 
 def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st) -> Term:
     """The primary attention's prefill work over causal pairs (step.md §6.3); ``expected_s``
-    prices MLA decompressed (refinement 3)."""
+    prices MLA decompressed (refinement 3).
+
+    The edges take the efficiency from the token ramp at the whole step's token count, so a
+    small extra request raises a long prefill's attention efficiency and lowers the price
+    (the reference's behaviour). ``expected_s`` (refinement 7) runs the ramp at
+    ``W / max_i w_i`` rows — ``W`` the step's causal work, ``w_i`` one prefill's work per
+    query row —, i.e. charges ``(W + m½·max_i w_i)/(P·ε_max)``: the single prefill's own
+    ramp, non-decreasing when a request is added or grows.
+    """
     b, P, derate = st.b, c.P, st.sm_derate
     f_p = c.params["attention_prefill_floor"]
     w_p = c.params["attention_prefill_work_scale"]
@@ -263,36 +292,46 @@ def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st)
         exp_work = causal / 4.0 * per_pair * att.n_q / plan.tp
     w_safe = jnp.where(scaled, w_p, 1.0)
 
-    def priced(w):
+    def priced(w, eff):
         return (jnp.where(st.has_pre & scaled, laws.prefill_attention_time(
-                    w, f_p, P, st.r_a, w_safe, derate), 0.0)
-                + laws.safe_div(jnp.where(st.has_pre & ~scaled, w, 0.0), P * st.r_a) * derate)
+                    w, f_p, P, eff, w_safe, derate), 0.0)
+                + laws.safe_div(jnp.where(st.has_pre & ~scaled, w, 0.0), P * eff) * derate)
 
-    edge, exp = priced(work), priced(exp_work)
+    edge = priced(work, st.r_a)
+    if _monotone(options):
+        exp = priced(exp_work, laws.ramp(b.prefill_rows(att.window), c.eps, c.m_half))
+    else:
+        exp = priced(exp_work, st.r_a)
     if _single_launch(att, plan):
         f_dec, r_dec = c.pair(att.kind)
-        cond = st.has_dec & st.has_pre & (r_dec > 0) & scaled
-        drop = jnp.where(cond & (f_dec > f_p), f_p, 0.0)
-        edge, exp = edge - drop, exp - drop
+        both = st.has_pre & (r_dec > 0) & scaled & (f_dec > f_p)
+        edge = edge - jnp.where(both & st.has_dec, f_p, 0.0)
+        exp = exp - jnp.where(both & (st.has_live if _monotone(options) else st.has_dec),
+                              f_p, 0.0)
     return Term.of(c.zero, sm=edge, expected=exp)
 
 
 def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan, options,
                           c: Constants, st) -> Term:
-    """A secondary attention's decode read (an indexer, a compressed cache; step.md §6.4)."""
+    """A secondary attention's decode read (an indexer, a compressed cache; step.md §6.4);
+    ``expected_s`` reads it for every live request (refinement 6)."""
     b = st.b
     f_a, r_sec = c.pair(a.kind)
     per_token = plan.bpt_layer * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
-    T2 = b.decode_kv_tokens
-    if a.window > 0:
-        T2 = jnp.minimum(T2, a.window * b.decode_requests)
-    if a.compress_ratio > 1:
-        T2 = T2 / a.compress_ratio
-    if plan.dcp > 1 and a.kind in _SHARDABLE:
-        T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
-    hbm = jnp.where(st.has_dec & (r_sec > 0),
-                    laws.floor_plus_rate(T2 * per_token, f_a, r_sec), 0.0)
-    return Term.of(c.zero, hbm=hbm, expected=hbm)
+
+    def priced(T2, requests, reads):
+        if a.window > 0:
+            T2 = jnp.minimum(T2, a.window * requests)
+        if a.compress_ratio > 1:
+            T2 = T2 / a.compress_ratio
+        if plan.dcp > 1 and a.kind in _SHARDABLE:
+            T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
+        return jnp.where(reads & (r_sec > 0),
+                         laws.floor_plus_rate(T2 * per_token, f_a, r_sec), 0.0)
+
+    edge = priced(b.decode_kv_tokens, b.decode_requests, st.has_dec)
+    exp = (priced(b.live_read(None), b.n_live, st.has_live) if _monotone(options) else edge)
+    return Term.of(c.zero, hbm=edge, expected=exp)
 
 
 def recurrent_mixer(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:

@@ -182,8 +182,10 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
     for shape in shapes:
         lanes[("live", shape)] = jnp.where(live, terms.primary_read(shape, ctx), zero)
     # expected_s (refinement 7): each prefill's causal work per row, maximised (not summed)
-    rows = jnp.where(pre, s_loc, 1.0)
-    lanes[("row_max", 0)] = jnp.where(pre, pairs / rows, zero)
+    if plan.pcp > 1:
+        lanes[("row_max", 0)] = jnp.where(pre, pairs / jnp.where(pre, s_loc, 1.0), zero)
+    else:
+        lanes[("row_max", 0)] = jnp.where(pre, 4.0 * c + 2.0 * s, zero)   # causal_pairs / s
     for window in _windows(plan):
         chunk_rows = jnp.sum(chunk_s, axis=-1)
         lanes[("row_max", window)] = jnp.where(
@@ -218,15 +220,16 @@ def _sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
     thr = jnp.asarray(batch.decode_threshold).astype(dt)[..., None]
     lanes = _request_lanes(plan, jnp.asarray(batch.scheduled), jnp.asarray(batch.computed),
                            jnp.asarray(batch.mask), thr, dt)
-    maxima = {n: lanes.pop(n) for n in list(lanes) if isinstance(n, tuple) and n[0] == "row_max"}
     names = list(lanes)
+    # the per-row maxima reduce by max (their values are ≥ 0, so 0 is the identity), the
+    # rest by sum, all in the same single pass
+    is_max = tuple(isinstance(n, tuple) and n[0] == "row_max" for n in names)
     ops = tuple(jnp.broadcast_to(lanes[n], lanes["tokens"].shape) for n in names)
     init = tuple(jnp.zeros((), dt) for _ in names)
-    sums = jax.lax.reduce(ops, init, lambda a, b: tuple(x + y for x, y in zip(a, b)),
-                          (ops[0].ndim - 1,))
-    out = dict(zip(names, sums))
-    out.update({n: jnp.max(v, axis=-1, initial=0.0) for n, v in maxima.items()})
-    return out
+    sums = jax.lax.reduce(ops, init, lambda a, b: tuple(
+        jnp.maximum(x, y) if m else x + y for x, y, m in zip(a, b, is_max)),
+        (ops[0].ndim - 1,))
+    return dict(zip(names, sums))
 
 
 class _Batch:

@@ -250,7 +250,7 @@ def main() -> None:
     nbg = 4096
     s = jnp.ones((nbg, 256), jnp.int32)
     c = jnp.asarray(rng.integers(100, 8000, (nbg, 256)), jnp.int32)
-    bulk = BatchArrays(s, c, c, s > 0, jnp.ones(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32),
+    bulk = BatchArrays(s, c, s > 0, jnp.ones(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32),
                        jnp.zeros(nbg, jnp.int32))
     total = lambda p, b: jnp.sum(k.step_fn(p, b).no_overlap_s)  # noqa: E731
     fwd_b, grad_b = jax.jit(total), jax.jit(jax.grad(total))

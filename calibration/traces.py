@@ -201,7 +201,7 @@ class StepTrace:
                 k = len(self.scheduled[i])
                 S[j, :k], C[j, :k], P[j, :k], M[j, :k] = (self.scheduled[i], self.computed[i],
                                                           self.prompt[i], True)
-            arrays = BatchArrays(S, C, P, M, self.decode_threshold[idx].astype(np.int32),
+            arrays = BatchArrays(S, C, M, self.decode_threshold[idx].astype(np.int32),
                                  self.sm_budget[idx].astype(np.int32),
                                  self.pad[idx].astype(np.int32))
             out.append((idx, arrays))

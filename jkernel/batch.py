@@ -113,12 +113,11 @@ class Batch:
         n = len(self)
         if size < n:
             raise ValueError(f"bucket {size} is smaller than the batch ({n} requests)")
-        out = np.zeros((4, size), np.int32)
+        out = np.zeros((3, size), np.int32)
         out[0, :n] = self.scheduled
         out[1, :n] = self.computed
-        out[2, :n] = self.prompt_len
-        out[3, :n] = 1
-        return BatchArrays(out[0], out[1], out[2], out[3].astype(bool),
+        out[2, :n] = 1
+        return BatchArrays(out[0], out[1], out[2].astype(bool),
                            np.int32(self.decode_threshold), np.int32(self.sm_budget),
                            np.int32(self.pad_tokens))
 

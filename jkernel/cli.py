@@ -59,6 +59,9 @@ def _cmd_price(args) -> int:
                "expected_s": est.expected_s, "overlap_s": est.overlap_s,
                "no_overlap_s": est.no_overlap_s, "per_resource_s": est.resources(),
                "bottleneck": est.bottleneck_name}
+        table = k.breakdown(batch) if args.breakdown else None
+        if table is not None:
+            row["breakdown"] = table.to_dict(orient="records")
         out.append(row)
         if args.json:
             continue
@@ -73,6 +76,8 @@ def _cmd_price(args) -> int:
             if v > 0:
                 print(f"    {r:<8} {_ms(v)}")
         print(f"  bottleneck   {est.bottleneck_name}")
+        if table is not None:
+            _print_breakdown(table)
     if args.json:
         print(json.dumps(out if len(out) > 1 else out[0], indent=2))
     return 0
@@ -106,6 +111,19 @@ def _memory_row(k) -> dict:
             "budget_bytes": budget, "kv_bytes": max(0.0, budget - fb.total()),
             "kv_pages": pages, "kv_tokens": pages * block, "max_model_len": max_len,
             "max_concurrency": _mem.max_concurrency(mem, pages, block, max_len)}
+
+
+def _print_breakdown(table) -> None:
+    """The breakdown as a text table: milliseconds per resource over all a term's layers."""
+    cols = ("sm_s", "hbm_s", "nvlink_s", "nic_s", "host_s", "expected_s")
+    print("  where the time goes (ms over all layers of a kind; expected: on its critical path)")
+    head = "".join(f"{c[:-2]:>10}" for c in cols)
+    print(f"    {'kind':<14}{'layers':>6}  {'term':<30}{head}{'share':>8}")
+    for r in table.itertuples(index=False):
+        vals = "".join(f"{getattr(r, c) * 1e3:10.3f}" for c in cols)
+        print(f"    {r.kind:<14}{r.layers:>6}  {r.term:<30}{vals}{r.share * 100:7.1f}%")
+    tot = "".join(f"{table[c].sum() * 1e3:10.3f}" for c in cols)
+    print(f"    {'total':<14}{'':>6}  {'':<30}{tot}{table['share'].sum() * 100:7.1f}%")
 
 
 def _cmd_memory(args) -> int:
@@ -333,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--decode-threshold", type=int, default=1)
     s.add_argument("--pad-tokens", type=int, default=0)
     s.add_argument("--sm-budget", type=int, default=0)
+    s.add_argument("--breakdown", action="store_true",
+                   help="also print where the time goes: layer kind × named term × resource")
     s.set_defaults(fn=_cmd_price)
     scenario_cmd("memory", "fixed bytes, page bytes, KV pages and tokens per rank"
                  ).set_defaults(fn=_cmd_memory)

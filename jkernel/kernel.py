@@ -151,7 +151,7 @@ class _Compiled:
             self.traces += 1                       # runs at trace time only
             r = (packed.shape[-1] - 3) // 2
             sched, comp = packed[..., :r], packed[..., r:2 * r]
-            batch = BatchArrays(sched, comp, comp, sched > 0, packed[..., 2 * r],
+            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
             return pack(step_fn(unpack(flat), batch))
 
@@ -161,7 +161,7 @@ class _Compiled:
             returns the smallest ``scheduled`` and ``computed`` (int32 ``(2,)``): the sign
             check of int32 inputs rides on this one read of them instead of a host pass."""
             self.traces += 1
-            batch = BatchArrays(sched, comp, comp, sched > 0, scal[..., 0], scal[..., 1],
+            batch = BatchArrays(sched, comp, sched > 0, scal[..., 0], scal[..., 1],
                                 scal[..., 2])
             lows = jnp.stack([jnp.min(sched, initial=0), jnp.min(comp, initial=0)])
             return pack(step_fn(unpack(flat), batch)), lows
@@ -318,6 +318,17 @@ class Kernel:
         g = np.asarray(g)
         return float(value), Params(dict(zip(self._c.names, g)))
 
+    def breakdown(self, batch: Batch):
+        """Where ``batch``'s step time goes: a :class:`pandas.DataFrame` of layer kind ×
+        named term × resource seconds with each term's share of ``expected_s``
+        (:func:`jkernel.terms.breakdown_table`; jitted, not on the packed fast path)."""
+        from .terms import breakdown_table
+
+        if not isinstance(batch, Batch):
+            raise TypeError(f"breakdown takes a jkernel.Batch, not {type(batch).__name__}")
+        return breakdown_table(self.plan, self._c.jit_step(self.params,
+                                                           self.batch_arrays(batch)))
+
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
         for size in buckets or self.buckets:
@@ -326,12 +337,12 @@ class Kernel:
             self._c.one(self._flat, packed).block_until_ready()
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
-                   computed=None, prompt_len=None, decode_threshold=1, sm_budget=0,
+                   computed=None, decode_threshold=1, sm_budget=0,
                    pad_tokens=0, chunk: int = 4096, dtype=None) -> StepEstimate:
         """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
-        ``(batches, requests)``, zero-padded (``prompt_len`` is accepted and not read); the
+        ``(batches, requests)``, zero-padded; the
         scalars may be ints or arrays of shape ``(batches,)``, checked as ``Batch`` checks
         them. int32 C-contiguous arrays are not copied on the host and their sign is
         checked by the same program that prices them; on CPU, XLA reads them in place when

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from .documents.graph import DTYPE_BYTES, LATENT_KINDS, ModelGraph, Node
 
 __all__ = ["GemmPlan", "AttentionPlan", "RecurrentPlan", "CollectivePlan", "KindPlan",
-           "GroupPlan", "CollectiveKey", "Plan", "plan_layers", "LAUNCHES", "EAGER",
+           "GroupPlan", "CollectiveKey", "Plan", "plan_layers", "collectives_needed",
+           "charged_collectives", "LAUNCHES", "EAGER",
            "PIECEWISE", "FULL", "MODE_NAMES"]
 
 #: Kernel launches per surviving node (documents.md §6.8).
@@ -174,7 +175,6 @@ class Plan:
     funnel: int
     routed_a2a: bool
     # compute
-    suffix: str
     shape_aware: bool
     blackwell: bool
     # host (resolution.md §11)
@@ -185,7 +185,6 @@ class Plan:
     num_spec: int
     # KV geometry (memory.md §1)
     kv_bytes_per_token: float
-    kv_kind: str
     block_size: int
     dcp_comm_backend: str
     mla_chunk: int
@@ -208,17 +207,97 @@ class Plan:
                 return g
         raise KeyError(name)
 
-    def key(self, op: str, group: str) -> CollectiveKey | None:
+    def __post_init__(self):
+        have = {(k.op, k.group) for k in self.collective_keys}
+        missing = [c for c in charged_collectives(self) if c not in have]
+        if missing:
+            raise ValueError(
+                "the plan charges collectives with no coefficient key: "
+                + ", ".join(f"{op} over {group}" for op, group in missing)
+                + f"; keys present: {sorted(have) or 'none'} (see collectives_needed)")
+
+    def key(self, op: str, group: str) -> CollectiveKey:
+        """The coefficient key of collective ``(op, group)``; every collective the step
+        charges has one (checked when the plan is built), so a miss is a KeyError."""
         for k in self.collective_keys:
             if k.op == op and k.group == group:
                 return k
-        return None
+        raise KeyError(f"no collective key for {op} over {group}")
 
-    def decode_pair(self, kind: str) -> tuple[str, str]:
-        for k, f, r in self.decode_pairs:
-            if k == kind:
-                return f, r
-        return self.decode_pairs[0][1], self.decode_pairs[0][2]
+
+# -- the collectives a plan needs: ONE table -------------------------------------------------
+
+_SHARDABLE = ("gqa", "mla", "sparse_mla")
+
+
+def _context_parallel_collectives(att: AttentionPlan | None, *, tp: int, dcp: int, pcp: int,
+                                  dcp_backend: str) -> list[tuple[str, str]]:
+    """The (op, group) pairs the step charges for one attention under DCP/PCP (step.md
+    §6.9, §6.10)."""
+    out: list[tuple[str, str]] = []
+    if att is None or att.n_q <= 0:
+        return out
+    if dcp > 1 and att.kind in _SHARDABLE:
+        if pcp > 1:
+            if dcp > pcp:
+                out.append(("all_gather", "TP"))
+        else:
+            out.append(("all_gather", "DCP"))
+        if dcp_backend == "a2a":
+            out.append(("alltoall", "DCP"))
+        else:
+            out.append(("all_gather", "DCP"))
+            out.append(("all_reduce" if pcp > 1 else "reduce_scatter", "DCP"))
+        if att.kind in LATENT_KINDS:
+            out.append(("all_gather", "DCP"))                    # the MLA context gather
+    if pcp > 1:
+        out.append(("all_gather", "PCP"))
+    return out
+
+
+def _charged(kinds, *, tp: int, dcp: int, pcp: int, dcp_backend: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for kind in kinds:
+        wanted = [(c.op, c.group) for c in kind.collectives]
+        wanted += _context_parallel_collectives(kind.attention, tp=tp, dcp=dcp, pcp=pcp,
+                                                dcp_backend=dcp_backend)
+        out += [c for c in wanted if c not in out]
+    return out
+
+
+def charged_collectives(plan: "Plan") -> list[tuple[str, str]]:
+    """Every (op, group) collective the step function charges for ``plan``'s layers."""
+    return _charged(plan.kinds, tp=plan.tp, dcp=plan.dcp, pcp=plan.pcp,
+                    dcp_backend=plan.dcp_comm_backend)
+
+
+def collectives_needed(kinds, *, tp: int, moe_group: int, has_moe: bool, dcp: int, pcp: int,
+                       dcp_backend: str) -> tuple[tuple[str, str], ...]:
+    """The table of (op, group) collectives a plan needs coefficients for (resolution.md
+    §5.3), built once: the resolution rules' keys, then any other collective the step
+    charges. The coefficient lookup in :func:`jkernel.resolve.resolve` reads it, and the
+    step reads the keys it produced; :class:`Plan` refuses to be built when a charged
+    collective has no key, so none is ever priced as a silent zero."""
+    out: list[tuple[str, str]] = []
+    if tp > 1:
+        out += [("all_reduce", "TP"), ("all_gather", "TP"), ("reduce_scatter", "TP")]
+    if moe_group > 1 and has_moe:
+        # spec silent for a model without experts; a group that runs no collective needs no
+        # coefficients (the spirit of D33), so a dense model never needs the alltoall key.
+        out.append(("alltoall", "Expert"))
+    if dcp > 1:
+        out.append(("all_gather", "DCP"))
+        if dcp_backend == "a2a":
+            out.append(("alltoall", "DCP"))
+        elif pcp > 1:
+            out.append(("all_reduce", "DCP"))
+        else:
+            out.append(("reduce_scatter", "DCP"))
+    if pcp > 1:
+        out.append(("all_gather", "PCP"))
+    out += [c for c in _charged(kinds, tp=tp, dcp=dcp, pcp=pcp, dcp_backend=dcp_backend)
+            if c not in out]
+    return tuple(out)
 
 
 # -- graph → per-kind figures ---------------------------------------------------------------

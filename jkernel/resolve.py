@@ -38,7 +38,7 @@ from .errors import Refusal
 from .memory import MemoryPlan, plan_memory
 from .params import CHIP_NAMES, Params, si_scale
 from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan,
-                   Plan, plan_layers)
+                   Plan, collectives_needed, plan_layers)
 
 __all__ = ["ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET", "RULES", "Rules", "Inputs",
            "Override", "CoefficientOrigin", "Resolution", "Resolved", "open_inputs",
@@ -799,27 +799,13 @@ def resolve_context_parallel(eng, dep: Deployment, layout: Layout, facts: GraphF
     return ContextParallel(dcp_backend, interleave, mla_chunk, rec.notes())
 
 
-def collective_keys(layout: Layout, facts: GraphFacts, dcp_backend: str, chip_key: str,
-                    chosen: dict) -> tuple[CollectiveKey, ...]:
-    """The (op, group) collective keys a pool needs, snapped to measured widths (§5.3)."""
-    tp, pcp, dcp = layout.tp, layout.pcp, layout.dcp
-    key_specs: list[tuple[str, str]] = []
-    if tp > 1:
-        key_specs += [("all_reduce", "TP"), ("all_gather", "TP"), ("reduce_scatter", "TP")]
-    if layout.moe_group > 1 and facts.has_moe:
-        # spec silent for a model without experts; a group that runs no collective needs no
-        # coefficients, so a dense model never needs the alltoall key.
-        key_specs.append(("alltoall", "Expert"))
-    if dcp > 1:
-        key_specs.append(("all_gather", "DCP"))
-        if dcp_backend == "a2a":
-            key_specs.append(("alltoall", "DCP"))
-        elif pcp > 1:
-            key_specs.append(("all_reduce", "DCP"))
-        else:
-            key_specs.append(("reduce_scatter", "DCP"))
-    if pcp > 1:
-        key_specs.append(("all_gather", "PCP"))
+def collective_keys(layout: Layout, kinds: tuple[KindPlan, ...], facts: GraphFacts,
+                    dcp_backend: str, chip_key: str, chosen: dict) -> tuple[CollectiveKey, ...]:
+    """The (op, group) collective keys a pool needs (the one table,
+    :func:`jkernel.plan.collectives_needed`), snapped to measured widths (§5.3)."""
+    key_specs = collectives_needed(kinds, tp=layout.tp, moe_group=layout.moe_group,
+                                   has_moe=facts.has_moe, dcp=layout.dcp, pcp=layout.pcp,
+                                   dcp_backend=dcp_backend)
     keys = []
     for op, gname in key_specs:
         width = _snap_collective(op, layout.group(gname).width, chip_key, chosen)
@@ -845,8 +831,8 @@ def _pd_floor_name(keys: tuple[CollectiveKey, ...], chip_key: str, chosen: dict
 
 
 def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout,
-                         facts: GraphFacts, dtypes: Dtypes, cp: ContextParallel,
-                         has_offload: bool) -> Coefficients:
+                         kinds: tuple[KindPlan, ...], facts: GraphFacts, dtypes: Dtypes,
+                         cp: ContextParallel, has_offload: bool) -> Coefficients:
     """Lift the coefficients a pool prices with, recording each optional one it lacks."""
     rec = _Record()
     values = {name: e.value for name, (e, _) in chosen.items()}
@@ -920,7 +906,7 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
             rec.assume(name, value, reason)
             values[name] = value
     chip_key = hardware.replace("-", "_")
-    keys = collective_keys(layout, facts, cp.dcp_comm_backend, chip_key, chosen)
+    keys = collective_keys(layout, kinds, facts, cp.dcp_comm_backend, chip_key, chosen)
     for k in keys:
         used |= {k.floor, k.peak, k.transition}
     pd_floor = _pd_floor_name(keys, chip_key, chosen)
@@ -991,7 +977,6 @@ def build_plan(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, chip:
                            and k.attention.kind == "sparse_mla" and k.secondaries)
     total_layers = model.total_layers
     ep, tp, dp = layout.ep, layout.tp, layout.dp
-    first = facts.first_attention
     return Plan(
         kinds=kinds, head_flops_per_token=head["flops_per_token"],
         head_weight_bytes=head["weight_bytes"], hidden_size=model.hidden_size,
@@ -1007,12 +992,12 @@ def build_plan(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, chip:
         expert_tensor_shards=experts.shards,
         dp_slice=(experts.shards / tp if ep <= 1 else 1.0),
         funnel=dp if (layout.moe_group > 1 and dp > 1) else 1, routed_a2a=layout.routed_a2a,
-        suffix=dtypes.suffix, shape_aware=coeffs.shape_aware, blackwell=chip.blackwell,
+        shape_aware=coeffs.shape_aware, blackwell=chip.blackwell,
         decode_mode=defaults.decode_mode, other_mode=defaults.other_mode,
         capture_ceiling=defaults.capture_ceiling,
         uniform_decode_width=defaults.uniform_decode_width, num_spec=defaults.num_spec_tokens,
         kv_bytes_per_token=_kv_bytes_per_token(kinds, facts, dtypes, tp),
-        kv_kind=first.kind if first is not None else "", block_size=defaults.block_size,
+        block_size=defaults.block_size,
         dcp_comm_backend=cp.dcp_comm_backend, mla_chunk=cp.mla_chunk,
         gemm_names=coeffs.gemm_names, decode_pairs=coeffs.decode_pairs,
         recurrent_names=coeffs.recurrent_names,
@@ -1132,8 +1117,8 @@ def _resolve(inputs: Inputs) -> Resolved:
     if facts.dsa:
         _check_dsa(facts, chip, eng, defaults.block_size, layout, cp.dcp_comm_backend,
                    dtypes.cache_layout, pf)
-    coeffs = resolve_coefficients(chosen, chip, cl.hardware, layout, facts, dtypes, cp,
-                                  dep.offload is not None)
+    coeffs = resolve_coefficients(chosen, chip, cl.hardware, layout, kinds, facts, dtypes,
+                                  cp, dep.offload is not None)
     experts = resolve_experts(eng, layout, facts, pf)
     mem = plan_memory(model, kinds, head, chosen=chosen, tp=layout.tp, dcp=layout.dcp,
                       pcp=layout.pcp, moe_group=layout.moe_group, has_moe=facts.has_moe,

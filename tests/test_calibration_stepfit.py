@@ -1,5 +1,5 @@
 """Fitting the engine-level step constants (calibration.stepfit) on synthetic steps with
-known values, and the step's unhidden host term they feed (jkernel.step.host_unhidden_s)."""
+known values, and the step's unhidden host term they feed (jkernel.terms.host_serial)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_errors_before_and_after_on_held_out_runs(calibrated):
 
 
 def test_unhidden_host_time_adds_after_the_maximum(kernel):
-    """host_unhidden_s: expected_s grows by exactly host_serial + per_request × live
+    """The "host serial" term: expected_s grows by exactly host_serial + per_request × live
     requests, jitted and not; the edges do not move."""
     b = jkernel.Batch([1] * 5, [1000] * 5)
     base = kernel.step_time(b)
@@ -114,9 +114,12 @@ def test_unhidden_host_time_adds_after_the_maximum(kernel):
     est = k2.step_time(b)
     assert float(est.expected_s) - float(base.expected_s) == pytest.approx(400e-6, rel=1e-9)
     assert float(est.overlap_s) == pytest.approx(float(base.overlap_s), rel=1e-12)
-    from jkernel.step import host_unhidden_s
-    f = jax.jit(host_unhidden_s)
-    assert float(f(k2.params, 5.0)) == pytest.approx(400e-6)
+    table = k2.breakdown(b)
+    serial = table[table.term == "host serial"].iloc[0]
+    assert serial.expected_s == pytest.approx(400e-6, rel=1e-9)
+    assert serial.host_s == 0.0 and serial.sm_s == 0.0
+    jitted = jax.jit(lambda p: k2.step_fn(p, k2.batch_arrays(b)).expected_s)(k2.params)
+    assert float(jitted) == pytest.approx(float(est.expected_s), rel=1e-12)
 
 
 def test_compute_derate_slows_compute_bound_steps_only(kernel):

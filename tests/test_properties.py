@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import jkernel
@@ -83,8 +83,7 @@ def test_step_properties_and_bulk_agreement(i, drawn):
 @given(st.integers(0, len(DEPLOYMENTS) - 1), batches(), st.data())
 def test_monotone_in_context(i, batch, data):
     """Growing one request's cached tokens never lowers any estimate."""
-    if len(batch) == 0:
-        return
+    assume(len(batch) > 0)
     k = kernel(i)
     j = data.draw(st.integers(0, len(batch) - 1))
     grow = data.draw(st.integers(1, 20000))
@@ -105,16 +104,15 @@ def test_monotone_in_prefill_tokens(i, batch, data):
     which the spec prices per layer instead of per segment: a deliberate discontinuity)."""
     k = kernel(i)
     prefills = [j for j in range(len(batch)) if batch.scheduled[j] > batch.decode_threshold]
-    if not prefills:
-        return
+    assume(prefills)
     j = data.draw(st.sampled_from(prefills))
     sched = batch.scheduled.copy()
     sched[j] += data.draw(st.integers(1, 2000))
     more = Batch(sched, batch.computed, decode_threshold=batch.decode_threshold,
                  pad_tokens=batch.pad_tokens)
     ceiling = k.plan.capture_ceiling
-    if (batch.tokens() + batch.pad_tokens > ceiling) != (more.tokens() + more.pad_tokens > ceiling):
-        return
+    assume((batch.tokens() + batch.pad_tokens > ceiling)
+           == (more.tokens() + more.pad_tokens > ceiling))
     a, b = k.step_time(batch), k.step_time(more)
     for field in ("overlap_s", "no_overlap_s", "expected_s"):
         assert getattr(b, field) >= getattr(a, field) * (1 - 1e-12)

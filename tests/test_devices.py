@@ -55,10 +55,14 @@ ref = np.load({str(tmp_path / "one.npz")!r})
 for chunk in (16, 4096):          # padded chunks (16 is not a multiple of 37) and one chunk
     est = k.price_many(scheduled=ref["s"], computed=ref["c"], decode_threshold=3, chunk=chunk)
     got = np.stack([est.expected_s, est.overlap_s, est.no_overlap_s, est.per_resource_s["hbm"]])
-    assert np.array_equal(got, ref["many"]), np.abs(got - ref["many"]).max()
+    # the edges and the resource totals are bit-identical; expected_s's per-row maxima
+    # (refinement 7) reduce in a different order in the partitioned program, so it may
+    # differ in the last bits (seen: 3.5e-18 s on 0.026 s, one ulp)
+    assert np.array_equal(got[1:], ref["many"][1:]), np.abs(got - ref["many"]).max()
+    assert np.allclose(got[0], ref["many"][0], rtol=4e-16, atol=0), np.abs(got - ref["many"]).max()
 sw = k.price_sweep([k.params, k.params.scaled(hbm_derate=0.5)], scheduled=ref["s"],
                    computed=ref["c"], chunk=16)
-assert np.array_equal(sw.expected_s, ref["sweep"])
+assert np.allclose(sw.expected_s, ref["sweep"], rtol=4e-16, atol=0)
 # the chunks really were split: one shard per device
 from jax.sharding import NamedSharding
 x = jax.device_put(ref["s"][:16], NamedSharding(jax.sharding.Mesh(np.asarray(jax.local_devices()),

@@ -113,3 +113,15 @@ def test_no_module_level_jax_config(package):
                     found.append(f"{name}:{node.lineno}")
                     break
     assert not found, f"module-level jax.config in {found}"
+
+
+def test_every_subpackage_is_installed():
+    """pyproject's setuptools package list names every package directory, so a
+    non-editable install (CI's, a user's) carries it: jkernel.replay was once left out."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

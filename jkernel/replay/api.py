@@ -119,7 +119,7 @@ def _progress_bar(show: bool, total: int):
         return None
     try:
         from tqdm.auto import tqdm
-    except ImportError:             # the bar is optional: pip install 'jkernel[replay]'
+    except ImportError:             # tqdm is a dependency; a stripped install runs without a bar
         return None
     return tqdm(total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5)
 

@@ -250,8 +250,10 @@ def main() -> None:
     nbg = 4096
     s = jnp.ones((nbg, 256), jnp.int32)
     c = jnp.asarray(rng.integers(100, 8000, (nbg, 256)), jnp.int32)
-    bulk = BatchArrays(s, c, s > 0, jnp.ones(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32),
-                       jnp.zeros(nbg, jnp.int32))
+    scalars = (jnp.ones(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32), jnp.zeros(nbg, jnp.int32))
+    # an older jkernel's BatchArrays also carried prompt_len (filled with computed)
+    lanes = (s, c, c, s > 0) if "prompt_len" in BatchArrays._fields else (s, c, s > 0)
+    bulk = BatchArrays(*lanes, *scalars)
     total = lambda p, b: jnp.sum(k.step_fn(p, b).no_overlap_s)  # noqa: E731
     fwd_b, grad_b = jax.jit(total), jax.jit(jax.grad(total))
     med5b, t5b = interleaved({"fwd": lambda: jax.block_until_ready(fwd_b(k.params, bulk)),

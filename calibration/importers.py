@@ -94,7 +94,16 @@ import numpy as np
 
 from .traces import StepTrace, TraceError
 
-__all__ = ["from_aggregate", "read_aggregate_csv", "Reconstruction", "reconstruct_steps",
+
+def default_tolerance_s(times: Sequence[np.ndarray]) -> float:
+    """How close two token timestamps must be to belong to one engine step, seconds: 0.3 of
+    the median gap between a request's consecutive tokens (1 ms when no request has two)."""
+    gaps = np.concatenate([np.diff(t) for t in times if len(t) > 1] or [np.zeros(0)])
+    gaps = gaps[gaps > 0]
+    return 0.3 * float(np.median(gaps)) if gaps.size else 1e-3
+
+
+__all__ = ["default_tolerance_s", "from_aggregate", "read_aggregate_csv", "Reconstruction", "reconstruct_steps",
            "from_timestamps", "from_splitwise", "SPLITWISE_MODELS", "SPLITWISE_CHIPS",
            "splitwise_bundle"]
 
@@ -267,11 +276,7 @@ def reconstruct_steps(requests: Sequence[Mapping[str, Any]], *,
         times.append(tt)
     if not times:
         raise TraceError("no request has a token")
-    if tolerance_s is None:
-        gaps = np.concatenate([np.diff(t) for t in times if len(t) > 1] or [np.zeros(0)])
-        gaps = gaps[gaps > 0]
-        tolerance_s = 0.3 * float(np.median(gaps)) if gaps.size else 1e-3
-    tol = float(tolerance_s)
+    tol = float(default_tolerance_s(times) if tolerance_s is None else tolerance_s)
     ev_t = np.concatenate(times)
     ev_r = np.concatenate([np.full(len(t), k) for k, t in enumerate(times)])
     ev_j = np.concatenate([np.arange(len(t)) for t in times])

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .importers import default_tolerance_s
 from .traces import StepTrace, TraceError
 
 __all__ = ["ResidencyImport", "import_residency", "find_run", "DEFAULT_DEPLOYMENT",
@@ -175,11 +176,7 @@ def import_residency(path: str | Path, deployment=DEFAULT_DEPLOYMENT, *,
     if not times:
         raise TraceError(f"no usable request (dropped: {dropped})", file=str(rf))
     n_req = len(times)
-    if tolerance_s is None:
-        gaps = np.concatenate([np.diff(t) for t in times if len(t) > 1] or [np.zeros(0)])
-        gaps = gaps[gaps > 0]
-        tolerance_s = 0.3 * float(np.median(gaps)) if gaps.size else 1e-3
-    tol = float(tolerance_s)
+    tol = float(default_tolerance_s(times) if tolerance_s is None else tolerance_s)
 
     # -- 2. cluster ------------------------------------------------------------------------
     ev_t = np.concatenate(times)

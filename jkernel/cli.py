@@ -92,7 +92,7 @@ def _memory_row(k) -> dict:
     pages = k.kv_cache_pages()
     block = k.plan.block_size
     util = k.settings["gpu_memory_utilization"]
-    device = _mem.device_memory_bytes(mem, k.inputs.chip)
+    device = k.device_memory_bytes()
     budget = device * util
     engine = getattr(k.deployment(), "engine", None)
     max_len = int(getattr(engine, "max_model_len", 0) or 0)

@@ -47,3 +47,15 @@ def catalog_kernel(name: str, pool: str | int | None = None) -> jkernel.Kernel:
     if pool is None:
         return jkernel.open(name)
     return jkernel.open_pool(name, pool)
+
+
+def bundle_with(tmp: Path, source: Path, **engine) -> Path:
+    """A copy of the bundle ``source`` in ``tmp`` with its first pool's engine settings
+    updated by ``engine`` (a named file per setting combination)."""
+    import yaml
+
+    scenario, deployment = yaml.safe_load_all(source.read_text())
+    deployment["pools"][0].setdefault("engine", {}).update(engine)
+    out = tmp / ("-".join(f"{k}-{v}" for k, v in engine.items()) + ".yaml")
+    out.write_text(yaml.safe_dump_all([scenario, deployment], sort_keys=False))
+    return out

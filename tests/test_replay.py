@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 import jkernel
+from conftest import bundle_with as _bundle_with
 from jkernel import cli
 from jkernel.replay import load_requests, replay, replay_disaggregated
 from jkernel.replay.sim import step_ticks, ticks
@@ -23,11 +23,7 @@ DISAGG = ROOT / "catalog" / "scenarios" / "llama-3.1-70b-h200-disagg.yaml"
 
 
 def bundle_with(tmp: Path, source: Path = QWEN, **engine) -> Path:
-    scenario, deployment = yaml.safe_load_all(source.read_text())
-    deployment["pools"][0].setdefault("engine", {}).update(engine)
-    out = tmp / ("-".join(f"{k}-{v}" for k, v in engine.items()) + ".yaml")
-    out.write_text(yaml.safe_dump_all([scenario, deployment], sort_keys=False))
-    return out
+    return _bundle_with(tmp, source, **engine)
 
 
 @lru_cache(maxsize=None)

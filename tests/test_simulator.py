@@ -11,22 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from conftest import bundle_with as _bundle_with  # noqa: E402
 from examples import simulator as S  # noqa: E402
 
 SMALL = ROOT / "catalog" / "scenarios" / "llama-3.1-8b-h100-tp1.yaml"
 
 
 def bundle_with(tmp_path: Path, source: Path = SMALL, **engine) -> Path:
-    scenario, deployment = yaml.safe_load_all(source.read_text())
-    deployment["pools"][0].setdefault("engine", {}).update(engine)
-    out = tmp_path / ("-".join(f"{k}-{v}" for k, v in engine.items()) + ".yaml")
-    out.write_text(yaml.safe_dump_all([scenario, deployment], sort_keys=False))
-    return out
+    return _bundle_with(tmp_path, source, **engine)
 
 
 def test_workload_is_seeded_and_sorted():

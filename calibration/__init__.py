@@ -9,7 +9,8 @@ reports how well they hold:
   and vLLM's custom all-reduce) and Vidur's per-op CSV profiles, with explicit units,
   dropped rows counted by reason, and deterministic fit / held-out splits by shape;
 * :mod:`calibration.base`: what every fit shares (parameters, problems, the one Adam loop,
-  the soft-L1 loss, error statistics, the deterministic subsample);
+  the soft-L1 loss, error statistics, the one held-out split ``held_out`` that every fit
+  and report uses, the deterministic subsample);
 * :mod:`~calibration.gemm`, :mod:`~calibration.attention`, :mod:`~calibration.moe` and
   :mod:`~calibration.collectives`: per-primitive fits in log/logit space (optax, robust loss
   on the log ratio), held-out errors beside the spec's reference values; and
@@ -27,8 +28,8 @@ reports how well they hold:
 * ``python -m calibration profiles|traces|import`` and ``python -m calibration.regenerate``
   (the shipped catalog's calibrated values, ``--steps`` for the step-trace constants).
 
-The modules form layers, each importing only those before it: ``profiles``,
-``uncertainty`` ← ``base`` ← primitives and ``traces`` ← ``validate`` ← ``stepfit`` ← ``fit``
+The modules form layers, each importing only those before it: ``uncertainty`` ← ``base``
+← ``profiles`` ← primitives and ``traces`` ← ``validate`` ← ``stepfit`` ← ``fit``
 ← ``importers``, ``report`` ← ``residency``, ``seed`` ← ``regenerate`` ← ``__main__``
 (``tests/test_calibration_layers.py``). No module sets ``jax.config`` at import.
 

@@ -18,16 +18,16 @@ from typing import Callable
 from . import attention, collectives, gemm, moe
 from .base import (CATALOG_NAMES, PROFILE_DIRS, REFERENCE, REFERENCE_HBM_DERATE,  # noqa: F401
                    ErrorRow, ErrorStats, Param, PlotSeries, PrimitiveFit, Problem, Solution,
-                   adam_loop, chip_document, columns, error_stats, held_mask, log_ratio,
-                   minimise, plot_series, slices_table, soft_l1, solve, subsample)
+                   adam_loop, chip_document, columns, error_stats, held_out, log_ratio,
+                   minimise, plot_series, row_hash, slices_table, soft_l1, solve, subsample)
 from .profiles import load_chip, profile_folder
 
 __all__ = ["ChipFit", "FitSettings", "fit_chip",
            # re-exported from calibration.base
            "Param", "ErrorStats", "ErrorRow", "Problem", "Solution", "PrimitiveFit",
            "REFERENCE", "PROFILE_DIRS", "CATALOG_NAMES", "soft_l1", "log_ratio", "error_stats",
-           "minimise", "solve", "held_mask", "slices_table", "plot_series", "chip_document",
-           "subsample"]
+           "minimise", "solve", "row_hash", "held_out", "slices_table", "plot_series",
+           "chip_document", "subsample"]
 
 
 @dataclass
@@ -104,69 +104,54 @@ def fit_chip(data_dir: str | Path, chip: str, *, settings: FitSettings = FitSett
 
     kw = dict(heldout=settings.heldout, seed=settings.seed, steps=settings.steps,
               lr=settings.lr, delta=settings.delta)
-    g = None
-    if "gemm" in settings.primitives:
-        if profiles.gemm is None:
-            notes.append("no GEMM table: GEMM ramp and HBM derate not fitted")
-        else:
-            say(f"[{name}] GEMM: {len(profiles.gemm)} rows")
-            g = gemm.fit_gemm(subsample(profiles.gemm, settings.max_rows), doc, chip=name,
-                              shape_aware=settings.shape_aware,
-                              kernel_gap=settings.kernel_gap, **kw)
-            g.source = rel(profiles.gemm)
-            fits.append(g)
-            say(f"[{name}] GEMM done in {g.seconds:.1f} s: {_summary(g)}")
+
+    def run(key: str, obs, label: str, missing: str, fit: Callable[[], PrimitiveFit], *,
+            rows: str | None = None, source: str | None = None) -> PrimitiveFit | None:
+        """One primitive (``key`` of ``settings.primitives``) on its table ``obs``: a note
+        when the table is absent, else the fit, with its source and timing reported."""
+        if key not in settings.primitives:
+            return None
+        if obs is None:
+            notes.append(missing)
+            return None
+        say(f"[{name}] {label}: {rows or f'{len(obs)} rows'}")
+        f = fit()
+        f.source = source if source is not None else rel(obs)
+        fits.append(f)
+        say(f"[{name}] {label} done in {f.seconds:.1f} s: {_summary(f)}")
+        return f
+
+    g = run("gemm", profiles.gemm, "GEMM", "no GEMM table: GEMM ramp and HBM derate not fitted",
+            lambda: gemm.fit_gemm(subsample(profiles.gemm, settings.max_rows), doc, chip=name,
+                                  shape_aware=settings.shape_aware,
+                                  kernel_gap=settings.kernel_gap, **kw))
     ramp = gemm.shipped_ramps(g) if g is not None else gemm.reference_ramps(name, doc)
     derate = g.written.get("hbm_derate", REFERENCE_HBM_DERATE) if g is not None \
         else REFERENCE_HBM_DERATE
-    if "decode_attention" in settings.primitives:
-        if profiles.decode_attention is None:
-            notes.append("no decode attention table: decode floors and rates not fitted")
-        else:
-            say(f"[{name}] decode attention: {len(profiles.decode_attention)} rows")
-            f = attention.fit_decode_attention(
-                subsample(profiles.decode_attention, settings.max_rows), doc, chip=name, **kw)
-            f.source = rel(profiles.decode_attention)
-            fits.append(f)
-            say(f"[{name}] decode attention done in {f.seconds:.1f} s: {_summary(f)}")
-    if "prefill_attention" in settings.primitives:
-        if profiles.prefill_attention is None:
-            notes.append("no prefill attention table: prefill floor and work scale not fitted")
-        else:
-            say(f"[{name}] prefill attention: {len(profiles.prefill_attention)} rows")
-            f = attention.fit_prefill_attention(
-                subsample(profiles.prefill_attention, settings.max_rows), doc, ramp["bf16"],
-                chip=name, **kw)
-            f.source = rel(profiles.prefill_attention)
-            fits.append(f)
-            say(f"[{name}] prefill attention done in {f.seconds:.1f} s: {_summary(f)}")
-    if "moe" in settings.primitives:
-        if profiles.moe is None:
-            notes.append("no MoE table: routing imbalance not fitted")
-        else:
-            say(f"[{name}] MoE: {len(profiles.moe)} rows")
-            f = moe.fit_moe(subsample(profiles.moe, settings.max_rows), doc, ramp, derate,
-                            chip=name, **kw)
-            f.source = rel(profiles.moe)
-            fits.append(f)
-            say(f"[{name}] MoE done in {f.seconds:.1f} s: {_summary(f)}")
-    if "collectives" in settings.primitives:
-        if profiles.nccl is None:
-            notes.append("no NCCL table: collectives not fitted (the catalog keeps its "
-                         "entries for this chip)")
-        else:
-            say(f"[{name}] collectives: {len(profiles.nccl)} NCCL rows"
-                + (f", {len(profiles.custom_allreduce)} custom all-reduce rows"
-                   if profiles.custom_allreduce is not None else ""))
-            f = collectives.fit_collectives(profiles.nccl, chip=name,
-                                            custom=profiles.custom_allreduce,
-                                            allreduce=settings.allreduce, **kw)
-            f.source = rel(profiles.nccl) + (
-                ";" + rel(profiles.custom_allreduce)
-                if profiles.custom_allreduce is not None and settings.allreduce == "vllm"
-                else "")
-            fits.append(f)
-            say(f"[{name}] collectives done in {f.seconds:.1f} s: {_summary(f)}")
+    run("decode_attention", profiles.decode_attention, "decode attention",
+        "no decode attention table: decode floors and rates not fitted",
+        lambda: attention.fit_decode_attention(
+            subsample(profiles.decode_attention, settings.max_rows), doc, chip=name, **kw))
+    run("prefill_attention", profiles.prefill_attention, "prefill attention",
+        "no prefill attention table: prefill floor and work scale not fitted",
+        lambda: attention.fit_prefill_attention(
+            subsample(profiles.prefill_attention, settings.max_rows), doc, ramp["bf16"],
+            chip=name, **kw))
+    run("moe", profiles.moe, "MoE", "no MoE table: routing imbalance not fitted",
+        lambda: moe.fit_moe(subsample(profiles.moe, settings.max_rows), doc, ramp, derate,
+                            chip=name, **kw))
+    custom = profiles.custom_allreduce
+    nccl_rows = nccl_source = None
+    if profiles.nccl is not None:
+        nccl_rows = f"{len(profiles.nccl)} NCCL rows" + (
+            f", {len(custom)} custom all-reduce rows" if custom is not None else "")
+        nccl_source = rel(profiles.nccl) + (
+            ";" + rel(custom) if custom is not None and settings.allreduce == "vllm" else "")
+    run("collectives", profiles.nccl, "collectives",
+        "no NCCL table: collectives not fitted (the catalog keeps its entries for this chip)",
+        lambda: collectives.fit_collectives(profiles.nccl, chip=name, custom=custom,
+                                            allreduce=settings.allreduce, **kw),
+        rows=nccl_rows, source=nccl_source)
     return ChipFit(name, folder, str(data_dir), fits, time.perf_counter() - t0, notes,
                    profiles.unloaded)
 

@@ -41,7 +41,7 @@ import numpy as np
 from jkernel import laws
 
 from .base import (REFERENCE, REFERENCE_HBM_DERATE, Param, PrimitiveFit, Problem, columns,
-                  held_mask, plot_series, slices_table, solve)
+                  plot_series, slices_table, solve)
 from .gemm import WEIGHT_BYTES, peak_for, reference_ramps
 
 __all__ = ["fit_moe", "moe_work"]
@@ -124,7 +124,7 @@ def fit_moe(obs, chip_doc, ramps: dict, hbm_derate: float, *, chip: str,
         notes.append(f"rows of dtypes without a jkernel ramp not evaluated: {', '.join(other)} "
                      f"({int((~known).sum())} rows)")
     data = obs.select(known)
-    held = held_mask(data, heldout, seed)
+    held = data.held_mask(heldout, seed)
     rows = _rows(data, chip_doc, ramps, dists)
     main = np.isin(data.dtype, fitted) & (data.moe_tp == 1)
     if not main.any():

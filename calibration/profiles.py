@@ -43,6 +43,8 @@ from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence, TypeV
 
 import numpy as np
 
+from .base import CATALOG_NAMES, PROFILE_DIRS, held_out, row_hash  # noqa: F401  (re-exported)
+
 __all__ = [
     "ProfileError",
     "DTYPE_NAMES",
@@ -187,33 +189,6 @@ def _element_bytes(dtypes: np.ndarray, *, file: PathLike | None, column: str) ->
 
 _O = TypeVar("_O", bound="Observations")
 
-_M64 = (1 << 64) - 1
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _column_codes(values: np.ndarray) -> np.ndarray:
-    """A stable uint64 code per value (independent of Python's hash seed)."""
-    v = np.asarray(values)
-    if v.dtype.kind == "b":
-        return v.astype(np.uint64)
-    if v.dtype.kind in "iu":
-        return np.ascontiguousarray(v.astype(np.int64)).view(np.uint64)
-    if v.dtype.kind == "f":
-        return np.ascontiguousarray(v.astype(np.float64) + 0.0).view(np.uint64)  # -0.0 → 0.0
-    uniq, inv = np.unique(v.astype(str), return_inverse=True)
-    codes = np.array(
-        [int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little")
-         for u in uniq], dtype=np.uint64)
-    return codes[inv].reshape(v.shape)
-
-
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Observations:
     """Base of the observation sets: equal-length, read-only numpy columns.
@@ -309,26 +284,25 @@ class Observations:
         for c in cols:
             if c not in self._columns:
                 raise KeyError(f"{type(self).__name__} has no column {c!r}")
-        s0 = int(seed) & _M64
-        h = _splitmix64(np.full(len(self), s0, dtype=np.uint64))
-        for c in cols:
-            h = _splitmix64(h ^ _splitmix64(_column_codes(getattr(self, c))))
-        return h
+        return row_hash(seed, [getattr(self, c) for c in cols])
+
+    def held_mask(self, fraction: float = 0.2, seed: int = 0,
+                  by: Sequence[str] | None = None) -> np.ndarray:
+        """The held-out rows of :meth:`split` as a boolean mask, shape ``(len(self),)``:
+        :func:`calibration.base.held_out` on :meth:`shape_hash` (``seed``, ``by``)."""
+        return held_out(fraction, key_hash=self.shape_hash(seed, by))
 
     def split(self: _O, fraction: float = 0.2, seed: int = 0,
               by: Sequence[str] | None = None) -> tuple[_O, _O]:
         """Deterministic ``(fit, held_out)`` split; ``fraction`` is the held-out share.
 
         A row is held out when a hash of ``seed`` and its shape columns (or the ``by``
-        columns), mapped to [0, 1), is below ``fraction``. Rows with the same shape therefore
-        always fall on the same side, and the assignment of a shape does not depend on which
-        other rows are in the set (so it survives :meth:`select` and :meth:`concat`).
+        columns), mapped to [0, 1), is below ``fraction`` (:func:`calibration.base.held_out`).
+        Rows with the same shape therefore always fall on the same side, and the assignment
+        of a shape does not depend on which other rows are in the set (so it survives
+        :meth:`select` and :meth:`concat`).
         """
-        fraction = float(fraction)
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"fraction must lie in [0, 1], got {fraction}")
-        u = (self.shape_hash(seed, by) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        held = u < fraction
+        held = self.held_mask(fraction, seed, by)
         return self.select(~held), self.select(held)
 
     @classmethod
@@ -1226,12 +1200,6 @@ def _version_key(name: str):
     return key
 
 
-#: Catalog chip name → AIConfigurator profile folder, where the two differ by more than the
-#: rules of :func:`profile_folder` (the one table of chip folders in the package).
-PROFILE_DIRS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
-                "b300": "b300_sxm", "l40s": "l40s", "a100-sxm": "a100_sxm"}
-#: Profile folder → catalog chip name.
-CATALOG_NAMES = {v: k for k, v in PROFILE_DIRS.items()}
 _OPS = ("gemm", "attention", "moe", "comm", "mla", "mla_bmm", "linear_attention",
         "sparse_attention", "msa")
 

@@ -199,11 +199,8 @@ def calibrate_steps(trace: StepTrace, held: Sequence[tuple[str, StepTrace]] = ()
         + ", ".join(f"{n} {v:.4f}" for n, v in r2.items()))
     tf = fit_trace(trace, fit, kernel=k, heldout=heldout, split="time", steps=steps,
                    exclude_flags=("idle_before",), progress=say)
-    t = trace.end_s if trace.end_s is not None else np.arange(len(trace), dtype=float)
-    order = np.argsort(t, kind="stable")
-    tail = np.zeros(len(trace), bool)
-    tail[order[int(round((1 - heldout) * len(trace))):]] = True
-    parts = [(f"last {heldout:.0%} of the fitted run", trace.select(tail)), *held]
+    # the held-out part is the fit's own split (calibration.base.held_out), never recomputed
+    parts = [(f"last {heldout:.0%} of the fitted run", trace.select(tf.held)), *held]
     sums, tabs = [], []
     for label, tr in parts:
         for when, params in (("before", k.params), ("after", tf.params())):

@@ -62,7 +62,8 @@ prior centred there. After the fit, parameters the data cannot identify
 (:mod:`calibration.uncertainty`, judged from the data term alone) are reported as such and
 **kept at their catalog values**, so an unobserved parameter never drifts.
 
-Steps are split into fit and held-out parts by a hash of the step's index; both errors are
+Steps are split into fit and held-out parts by :func:`calibration.base.held_out` (the last
+fraction in time, or a hash of the step's index: :meth:`StepTrace.held_mask`); both errors are
 reported, beside those of the catalog values, and a prediction band for any batch follows
 from the Laplace covariance (:meth:`TraceFit.band`).
 """
@@ -84,7 +85,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import ErrorStats, adam_loop, soft_l1
+from .base import ErrorStats, adam_loop, held_out, row_hash, soft_l1
 from .uncertainty import Laplace, gauss_newton, prediction_band
 
 __all__ = ["FORMAT", "VERSION", "TraceError", "StepTrace", "read_trace", "parse_trace",
@@ -162,15 +163,18 @@ class StepTrace:
                          dict(self.header),
                          None if self.end_s is None else np.asarray(self.end_s)[idx])
 
-    def held_mask(self, fraction: float = 0.2, seed: int = 0) -> np.ndarray:
-        """Held-out steps: a hash of ``(seed, step index)`` below ``fraction``."""
-        i = np.arange(len(self), dtype=np.uint64)
-        z = i * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed * 0xBF58476D1CE4E5B9 & (2**64 - 1))
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        u = (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        return u < float(fraction)
+    def held_mask(self, fraction: float = 0.2, seed: int = 0, split: str = "hash") -> np.ndarray:
+        """Held-out steps, a boolean mask of shape ``(len(self),)``, by
+        :func:`calibration.base.held_out`: ``split="time"`` holds out the last ``fraction``
+        of the steps in time order (``end_s``, else file order; ``seed`` unused),
+        ``split="hash"`` the steps whose hash of ``(seed, step index)`` is below
+        ``fraction``."""
+        if split == "time":
+            t = self.end_s if self.end_s is not None else np.arange(len(self), dtype=float)
+            return held_out(fraction, time_s=t)
+        if split == "hash":
+            return held_out(fraction, key_hash=row_hash(seed, [np.arange(len(self))]))
+        raise ValueError(f"split must be 'hash' or 'time', got {split!r}")
 
     def batches(self):
         """The steps as :class:`jkernel.Batch` objects."""
@@ -546,7 +550,9 @@ class TraceFit:
     ``values``: fitted SI values of the chosen names (unidentifiable ones back at their
     catalog values); ``raw``: the optimiser's values before that; ``catalog``: the starting
     catalog values; ``identifiable`` / ``reason`` from the Laplace fit; ``errors``: rows of
-    (part, curve, ErrorStats) for the fit and held-out steps.
+    (part, curve, ErrorStats) for the fit and held-out steps; ``held``: which steps of the
+    trace given to :func:`fit_trace` were held out (boolean, that trace's length; steps left
+    out by ``exclude_flags`` are False), so a report reads the fit's own split.
     """
 
     names: tuple[str, ...]
@@ -566,6 +572,7 @@ class TraceFit:
     skipped: dict[str, int]
     notes: list[str]
     kernel: Any = None
+    held: np.ndarray | None = None
 
     @property
     def identifiable(self) -> dict[str, bool]:
@@ -631,6 +638,7 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
         raise ValueError(f"the kernel has no parameter(s) {unknown}; fittable names of this "
                          f"deployment: {', '.join(sorted(k.params))}")
     notes = []
+    keep = np.ones(len(trace), bool)
     if exclude_flags:
         keep = np.array([not (set(f) & set(exclude_flags)) for f in trace.flags])
         if not keep.any():
@@ -638,17 +646,11 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
         if not keep.all():
             notes.append(f"{int((~keep).sum())} steps flagged {list(exclude_flags)} left out")
         trace = trace.select(keep)
-    if split == "time":
-        # the last `heldout` of the steps in time order (end_s, else file order) held out
-        t = trace.end_s if trace.end_s is not None else np.arange(len(trace), dtype=float)
-        held = np.zeros(len(trace), bool)
-        held[np.argsort(t, kind="stable")[int(round((1 - heldout) * len(trace))):]] = True
-    elif split == "hash":
-        held = trace.held_mask(heldout, seed)
-    else:
-        raise ValueError(f"split must be 'hash' or 'time', got {split!r}")
+    held = trace.held_mask(heldout, seed, split)
     if held.all() or len(trace) < 5:
         held[:] = False
+    held_input = np.zeros(len(keep), bool)
+    held_input[np.nonzero(keep)[0]] = held
     n_fit, n_held = int((~held).sum()), int(held.sum())
     say(f"fitting {', '.join(names)} on {n_fit} steps ({n_held} held out), target {target}")
     base = k.params
@@ -714,4 +716,4 @@ def fit_trace(trace: StepTrace, fit: Sequence[str], *, kernel=None, repos=None,
     errors.sort(key=lambda e: (e[0] != "fit", e[1] != "fitted"))
     return TraceFit(names, values, raw, catalog, lap, target, errors, n_fit, n_held,
                     time.perf_counter() - t0, sigma, trace.deployment, trace.file,
-                    trace.sha256, dict(trace.skipped), notes, k)
+                    trace.sha256, dict(trace.skipped), notes, k, held_input)

@@ -11,10 +11,10 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "calibration"
 #: Layer of every module; a module may import only modules of a lower layer (or its own
 #: layer where listed in SAME_LAYER).
-LAYERS = {"profiles": 0, "uncertainty": 0, "base": 1, "gemm": 2, "attention": 2, "moe": 2,
-          "collectives": 2, "traces": 2, "validate": 3, "stepfit": 4, "fit": 5,
-          "importers": 6, "residency": 7, "report": 6, "seed": 7, "regenerate": 8,
-          "__main__": 9, "__init__": 0}
+LAYERS = {"uncertainty": 0, "base": 1, "profiles": 2, "gemm": 3, "attention": 3, "moe": 3,
+          "collectives": 3, "traces": 3, "validate": 4, "stepfit": 5, "fit": 6,
+          "importers": 7, "residency": 8, "report": 7, "seed": 8, "regenerate": 9,
+          "__main__": 10, "__init__": 0}
 SAME_LAYER = {("moe", "gemm")}
 
 

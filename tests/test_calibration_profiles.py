@@ -16,8 +16,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from calibration import gemm  # noqa: E402
 from calibration import profiles as P  # noqa: E402
-from calibration.fit import (ChipFit, FitSettings, Param, chip_document, fit_chip,  # noqa: E402
-                             held_mask)
+from calibration.fit import ChipFit, FitSettings, Param, chip_document, fit_chip  # noqa: E402
 from calibration.regenerate import merge_entries  # noqa: E402
 from calibration.report import (make_entry, profile_entries, profile_report,  # noqa: E402
                                 write_coefficient_set)
@@ -234,13 +233,6 @@ def test_param_transforms():
         Param("y", 0.0)
     with pytest.raises(ValueError):
         Param("z", 2.0, "logit", 0.0, 1.0)
-
-
-def test_held_mask_matches_split():
-    obs = P.load_gemm(H100_GEMM)
-    fit, held = obs.split(0.2, 0)
-    m = held_mask(obs, 0.2, 0)
-    assert int(m.sum()) == len(held) and int((~m).sum()) == len(fit)
 
 
 # -- merging into the standard sets ----------------------------------------------------------

@@ -133,6 +133,19 @@ def test_compute_derate_slows_compute_bound_steps_only(kernel):
     assert r_dec < 1.02
 
 
+def test_held_out_part_is_the_fits_own_split(calibrated, synthetic):
+    """The report's "last 30 %" rows are the steps the fit held out (calibration.base.held_out
+    on end_s), not a second copy of the rule: every one after every fitted step."""
+    tr, _ = synthetic
+    held = calibrated.fit.held
+    assert held.sum() == calibrated.fit.steps_held
+    np.testing.assert_array_equal(held, tr.held_mask(0.3, split="time"))
+    assert tr.end_s[~held].max() < tr.end_s[held].min()
+    t = calibrated.tables
+    part = t[(t.part == "last 30% of the fitted run") & (t.batch == "all") & (t.when == "after")]
+    assert part.steps.sum() == held.sum()
+
+
 def test_validate_tables_count_every_usable_step(kernel, synthetic):
     tr, _ = synthetic
     t = V.step_errors(kernel, kernel.params, tr)

@@ -318,9 +318,13 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
 # Building a pool through the engine's rules
 # ---------------------------------------------------------------------------------------
 
-def _pages_per_request(k, tokens: int) -> int:
-    page = k.page_bytes()
-    return math.ceil(k.sequence_variable_bytes(tokens) / page) if page > 0 else 0
+def _request_pages(k, tokens: int) -> int:
+    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool: the replay's
+    rule (:meth:`jkernel.replay.scheduler.PoolLimits.request_pages`: KV pages plus a hybrid
+    model's recurrent state, memory.md §5); 0 for a pool whose page holds nothing."""
+    from .replay.scheduler import PoolLimits
+
+    return PoolLimits(k).request_pages(tokens) if k.page_bytes() > 0 else 0
 
 
 _BASE: dict = {}
@@ -345,13 +349,12 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
     planner's KV-fit refusal (code ``FIT``)."""
     from .documents import parse_bundle
     from .kernel import new
-
     scenario, deployment = parse_bundle(list(cand.bundle(wl.isl + wl.osl)))
     inputs = replace(_base_inputs(cand, repos), scenario=scenario, deployment=deployment,
                      pool_index=index)
     k = new(inputs)
     pages = k.kv_cache_pages()
-    need = _pages_per_request(k, wl.isl + wl.osl)
+    need = _request_pages(k, wl.isl + wl.osl)
     if pages < max(need, 1):
         fb = k.fixed_bytes().total()
         budget = k.device_memory_bytes() * k.settings["gpu_memory_utilization"]
@@ -362,8 +365,8 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
                    "will not start")
         else:
             why = (f"the KV cache holds {pages} pages per rank but one request of "
-                   f"{wl.isl + wl.osl} tokens needs {need}; vLLM v0.31.0 refuses a "
-                   "max_model_len the cache cannot hold")
+                   f"{wl.isl + wl.osl} tokens needs {need} (its KV and recurrent state); "
+                   "vLLM v0.31.0 refuses a max_model_len the cache cannot hold")
         raise Refusal("FIT", why, field=f"pools[{index}]")
     return k
 
@@ -416,7 +419,7 @@ def _colocated_screen(k, wl: Workload) -> dict:
     """
     st = k.settings
     budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
-    per_req = _pages_per_request(k, wl.isl + wl.osl)
+    per_req = _request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
     grid = _grid(b_max)
@@ -442,7 +445,7 @@ def _colocated_screen(k, wl: Workload) -> dict:
 
 def _decode_screen(k, wl: Workload) -> dict:
     st = k.settings
-    per_req = _pages_per_request(k, wl.isl + wl.osl)
+    per_req = _request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(st["max_num_seqs"], kv_pages // max(per_req, 1),
                        st["max_num_batched_tokens"]))

@@ -89,6 +89,27 @@ def test_a_cache_too_small_for_one_request_is_refused():
     assert exc.value.code == "FIT" and "needs" in exc.value.reason
 
 
+def test_fit_check_counts_a_hybrid_models_recurrent_pages():
+    """Defect guarded: the planner counted a request's KV pages only, while the replay (and
+    memory.md §5) also charge each running sequence's recurrent state against the same
+    pages. Both now read PoolLimits.request_pages, so a hybrid model's largest screened batch
+    is the pages over KV + recurrent pages (Nemotron-3-Nano on one H100 at fp8: 1,998
+    recurrent pages per request beside 6,313 KV pages for 101,000 tokens)."""
+    from jkernel.replay.scheduler import PoolLimits
+
+    fl = search.fleet("h100", 8)
+    c = search.Candidate("nemotron-3-nano-30b-a3b", fl,
+                         (search.PoolSpec("colocated", 1, 1),), "fp8")
+    wl = _wl(isl=100_000, osl=1000)
+    k = search.build_pool(c, 0, wl)
+    lim = PoolLimits(k)
+    assert lim.fixed_pages > 0
+    need = lim.request_pages(101_000)
+    assert need == lim.pages_for(101_000) + lim.fixed_pages
+    b_max = search.screen_pool(c, 0, wl)["b_max"]
+    assert b_max == lim.pages // need < lim.pages // lim.pages_for(101_000)
+
+
 def test_documents_are_the_engines_own_bundle():
     fl = search.fleet("h200", 16)
     c = search.Candidate("llama-3.1-70b-instruct", fl,

@@ -94,8 +94,7 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
             rejected |= over
         # Without a max_model_len a request that cannot fit the empty cache would wait
         # forever; vLLM would not have started (it sizes max_model_len to fit), so refuse it.
-        cap = lim.pages - lim.fixed_pages
-        big = np.array([lim.pages_for(int(x)) > cap for x in total], bool) & ~rejected
+        big = np.array([lim.request_pages(int(x)) > lim.pages for x in total], bool) & ~rejected
         for i in np.flatnonzero(big):
             reasons[i] = f"kv_cache: {int(total[i])} tokens need more than {lim.pages} pages"
         rejected |= big
@@ -107,10 +106,10 @@ def _check_start(pool: Pool) -> None:
     if lim.pages <= 0:
         raise ValueError(f"pool {pool.name}: the KV cache has no pages "
                          f"(kv_cache_pages() = {lim.pages}); vLLM would not start")
-    if lim.max_model_len and lim.pages_for(lim.max_model_len) + lim.fixed_pages > lim.pages:
+    if lim.max_model_len and lim.request_pages(lim.max_model_len) > lim.pages:
         raise ValueError(
             f"pool {pool.name}: max_model_len {lim.max_model_len} needs "
-            f"{lim.pages_for(lim.max_model_len)} KV pages but only {lim.pages} fit; vLLM "
+            f"{lim.request_pages(lim.max_model_len)} KV pages but only {lim.pages} fit; vLLM "
             "would not start (lower max_model_len or raise gpu_memory_utilization)")
 
 

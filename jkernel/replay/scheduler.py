@@ -117,6 +117,14 @@ class PoolLimits:
             self._pages_for[tokens] = p
         return p
 
+    def request_pages(self, tokens: int) -> int:
+        """Pages one running request of ``tokens`` tokens holds: its KV pages
+        (:meth:`pages_for`) plus its recurrent state (``fixed_pages``; 0 unless the model
+        has recurrent layers). memory.md §5: each running sequence also holds
+        ``sequence_fixed_bytes()``, charged against the same pages. The one fit rule of a
+        request, read by the replay's start check and by the planner (jkernel.search)."""
+        return self.pages_for(tokens) + self.fixed_pages
+
 
 class Replica:
     """One replica's queues and KV blocks (each data-parallel replica has its own)."""

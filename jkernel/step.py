@@ -97,7 +97,8 @@ class StepOptions:
     replaces the maxima that compose a step (stage, per-kernel compute/memory, head,
     GPU/host) by a log-sum-exp with temperature ``smooth_temperature × Σ(args)``, for
     calibration by gradient; it tends to the hard max as the value tends to 0.
-    ``expected_refinements``: expected.md's structure refinements 1–5 (True by default).
+    ``expected_refinements``: expected.md's structure refinements 1–5 and jkernel's 6–8 (the
+    monotone forms; True by default).
     ``expected_routed_max``: price routed experts at max(compute, memory) in ``expected_s``
     (False adds them as step.md's edges do).
     """

@@ -231,9 +231,10 @@ def _single_launch(att: AttentionPlan, plan: Plan) -> bool:
 
 
 def _monotone(options) -> bool:
-    """expected.md refinements 6 and 7 (jkernel's, on with refinements 1–5): the terms that
-    keep ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`
-    and :func:`attention_prefill`)."""
+    """jkernel's refinements 6–8 (on with expected.md's 1–5): the terms that keep
+    ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`,
+    :func:`attention_prefill` and, for context-parallel plans,
+    :func:`context_parallel_collectives` with ``jkernel.step._Batch.expected_view``)."""
     return options.expected_refinements
 
 

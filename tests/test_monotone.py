@@ -1,7 +1,8 @@
 """More work never costs less: ``expected_s`` is non-decreasing when a request is added,
 when a request's scheduled or cached tokens grow, and across the decode/prefill switch
 (jkernel's refinements 6–8, 8 on the context-parallel pools). The reference edges keep the
-spec's non-monotone rules (parity), pinned here too. ``benchmarks/monotone_check.py`` runs the long version.
+spec's non-monotone rules (parity), pinned here too. ``benchmarks/monotone_check.py`` runs
+the long version.
 """
 
 from __future__ import annotations

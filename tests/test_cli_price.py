@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from jkernel import cli
 
 #: a spec file name, a section sign or a decision id such as D17
 SPEC_CITATION = re.compile(r"\.md\b|§|\bD[0-9]{1,2}\b")
 
 
-@pytest.mark.parametrize("argv", [
-    ["price", "llama-3.1-8b-h100-tp1", "--batch", "4x1@1000,1x512@0"],
-    ["price", "deepseek-v3.2-gb200-2rack-disagg", "--batch", "1x100@0", "--breakdown"],
-])
-def test_price_text_cites_no_spec_file_or_decision(argv, capsys):
+def test_price_text_cites_no_spec_file_or_decision(capsys):
+    argv = ["price", "llama-3.1-8b-h100-tp1", "--batch", "4x1@1000,1x512@0", "--breakdown"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "expected" in out and "overlap" in out and "no_overlap" in out

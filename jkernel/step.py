@@ -286,7 +286,8 @@ class _Batch:
         """The token counts ``expected_s`` prices a context-parallel plan with (refinement 8);
         the edges keep the spec's (parity).
 
-        * PCP: vLLM v0.31.0 (``PCPManager.update_tokens_for_pcp``) pads each prefill to a
+        * PCP: vLLM v0.31.0 (``PCPManager.update_tokens_for_pcp``,
+          ``vllm/v1/worker/gpu/cp_utils.py``) pads each prefill to a
           multiple of ``2·pcp`` and gives every rank two chunks of ``h = ceil(s/(2·pcp))``
           rows (DualChunkSwap: rank r holds chunks r and 2·pcp−1−r), pads included, while a
           decode is duplicated on every rank. So each rank runs ``2·h`` rows of a prefill
@@ -295,8 +296,9 @@ class _Batch:
           charged at least the ``decode_threshold`` rows of the decode it grew from (the
           monotone envelope: at pcp = 2 and threshold 3, a 3-token decode turning into a
           4-token prefill would otherwise drop from 3 rows per rank to 2).
-        * DCP: :attr:`envelope` switches the latent DCP collectives to their monotone form
-          (:func:`jkernel.terms.context_parallel_collectives`).
+        * DCP with a latent attention: :attr:`envelope` switches its DCP collectives to their
+          monotone form (:func:`jkernel.terms.context_parallel_collectives`); a GQA pool's
+          DCP rows (every token once any request has context) are monotone already.
         """
         v = copy.copy(self)
         v.envelope = True
@@ -431,8 +433,8 @@ def _terms(plan: Plan, options: StepOptions, c: terms.Constants, st: _Step) -> _
     opts = _Opts(options)
     # refinement 8: a context-parallel plan prices expected_s on its own view of the step
     # (vLLM's PCP split, the DCP envelope); the edges keep the spec's counts
-    ex = (st.expected_view(plan, c)
-          if options.expected_refinements and (plan.pcp > 1 or plan.dcp > 1) else st)
+    cp = plan.pcp > 1 or (plan.dcp > 1 and _dcp_kinds(plan, latent=True))
+    ex = st.expected_view(plan, c) if options.expected_refinements and cp else st
 
     def both(edge_fn):
         edge = edge_fn(st)

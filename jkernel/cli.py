@@ -68,7 +68,7 @@ def _cmd_price(args) -> int:
         print(_title(k))
         print(f"  batch        {args.batch}  ({len(batch)} requests, {batch.tokens()} tokens, "
               f"decode_threshold {batch.decode_threshold})")
-        print(f"  expected   {_ms(est.expected_s)}   jkernel's estimate (expected.md)")
+        print(f"  expected   {_ms(est.expected_s)}   jkernel's estimate of the step")
         print(f"  overlap    {_ms(est.overlap_s)}   resources overlap within a layer")
         print(f"  no_overlap {_ms(est.no_overlap_s)}   every resource summed (reference)")
         for r in RESOURCES:

@@ -11,6 +11,7 @@ scalars; under ``vmap`` every field gains leading batch axes and so does the est
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -96,7 +97,8 @@ class StepOptions:
     replaces the maxima that compose a step (stage, per-kernel compute/memory, head,
     GPU/host) by a log-sum-exp with temperature ``smooth_temperature × Σ(args)``, for
     calibration by gradient; it tends to the hard max as the value tends to 0.
-    ``expected_refinements``: expected.md's structure refinements 1–5 (True by default).
+    ``expected_refinements``: expected.md's structure refinements 1–5 and jkernel's 6–8 (the
+    monotone forms; True by default).
     ``expected_routed_max``: price routed experts at max(compute, memory) in ``expected_s``
     (False adds them as step.md's edges do).
     """
@@ -161,8 +163,12 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
         "prefill_requests": pre,
         "decode_kv_tokens": jnp.where(dec, ctx, zero),
     }
-    if plan.dcp > 1:
+    if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
         lanes["context"] = live & (c > 0)
+    if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
+        # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
+        lanes["prefill_context"] = pre & (c > 0)
+        lanes[("row_max", "context")] = jnp.where(pre, c, zero)
     if plan.pcp > 1:
         lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
     shapes = _read_shapes(plan)
@@ -183,7 +189,12 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
         lanes[("live", shape)] = jnp.where(live, terms.primary_read(shape, ctx), zero)
     # expected_s (refinement 7): each prefill's causal work per row, maximised (not summed)
     if plan.pcp > 1:
-        lanes[("row_max", 0)] = jnp.where(pre, pairs / jnp.where(pre, s_loc, 1.0), zero)
+        # expected_s (refinement 8): vLLM's balanced split of a prefill over the PCP ranks
+        # (see _Batch.expected_view): 2·h rows of h = ceil(s/(2·pcp)) each, at prefix c
+        half = jnp.ceil(s / (2 * plan.pcp))
+        lanes["pcp_rows"] = jnp.where(pre, jnp.maximum(2.0 * half, thr), zero)
+        lanes["pcp_pairs"] = jnp.where(pre, 8.0 * half * (c + plan.pcp * half), zero)
+        lanes[("row_max", 0)] = jnp.where(pre, 4.0 * (c + plan.pcp * half), zero)
     else:
         lanes[("row_max", 0)] = jnp.where(pre, 4.0 * c + 2.0 * s, zero)   # causal_pairs / s
     for window in _windows(plan):
@@ -203,6 +214,12 @@ def _read_shapes(plan: Plan) -> list:
             if shape is not None and shape not in out:
                 out.append(shape)
     return out
+
+
+def _dcp_kinds(plan: Plan, latent: bool) -> bool:
+    """Whether the plan has a DCP-sharded primary attention that is latent (or not)."""
+    return any(k.attention is not None and k.attention.kind in terms.SHARDABLE
+               and (k.attention.kind in terms.LATENT) == latent for k in plan.kinds)
 
 
 def _windows(plan: Plan) -> list[int]:
@@ -261,6 +278,46 @@ class _Batch:
         self.t_gemm = self.t_real + self.t_pad
         self.empty = (self.tokens <= 0) & (self.t_pad <= 0)
         self.sm_budget = jnp.asarray(batch.sm_budget).astype(dt)
+        self.thr = jnp.asarray(batch.decode_threshold).astype(dt)
+        #: True on the view expected_s prices a context-parallel plan with
+        self.envelope = False
+
+    def expected_view(self, plan: Plan) -> "_Batch":
+        """The token counts ``expected_s`` prices a context-parallel plan with (refinement 8);
+        the edges keep the spec's (parity).
+
+        * PCP: vLLM v0.31.0 (``PCPManager.update_tokens_for_pcp``,
+          ``vllm/v1/worker/gpu/cp_utils.py``) pads each prefill to a
+          multiple of ``2·pcp`` and gives every rank two chunks of ``h = ceil(s/(2·pcp))``
+          rows (DualChunkSwap: rank r holds chunks r and 2·pcp−1−r), pads included, while a
+          decode is duplicated on every rank. So each rank runs ``2·h`` rows of a prefill
+          (every rank the same, never a greedy busiest rank that reshuffles, and no
+          replicated small prefill) with ``8·h·(c + pcp·h)`` causal FLOP pairs. A prefill is
+          charged at least the ``decode_threshold`` rows of the decode it grew from (the
+          monotone envelope: at pcp = 2 and threshold 3, a 3-token decode turning into a
+          4-token prefill would otherwise drop from 3 rows per rank to 2).
+        * DCP with a latent attention: :attr:`envelope` switches its DCP collectives to their
+          monotone form (:func:`jkernel.terms.context_parallel_collectives`); a GQA pool's
+          DCP rows (every token once any request has context) are monotone already.
+        """
+        v = copy.copy(self)
+        v.envelope = True
+        if plan.pcp > 1:
+            s = self.sums
+            v.t_real = self.tokens - self.prefill_tokens - s["withheld"] + s["pcp_rows"]
+            v.t_gemm = v.t_real + self.t_pad
+            v.prefill_tokens = s["pcp_rows"]
+            v.causal_flops = s["pcp_pairs"]
+        return v
+
+    def prefill_context(self):
+        """``expected_s`` (DCP, latent): ``(Σ c, count, max c)`` over the prefills with a
+        cached context. Σ c is what the live reads hold beyond the decodes' contexts and the
+        prefills' own tokens (no lane of its own)."""
+        s = self.sums
+        prefill_s = s["prefill_tokens"] + s.get("withheld", jnp.zeros_like(self.tokens))
+        total = s["live_kv_tokens"] - self.decode_kv_tokens - prefill_s
+        return (jnp.maximum(total, 0.0), s["prefill_context"], s[("row_max", "context")])
 
     def requests(self):
         """``(s, c, prefill mask)`` per request, for the MLA context gather (DCP only)."""
@@ -308,6 +365,16 @@ class _Step:
         self.has_dec = b.decode_requests > 0
         self.has_pre = b.prefill_requests > 0
         self.has_live = b.n_live > 0
+
+    def expected_view(self, plan: Plan, c: terms.Constants) -> "_Step":
+        """The step ``expected_s`` prices a context-parallel plan with (see
+        :meth:`_Batch.expected_view`): its own token counts and ramps."""
+        st = copy.copy(self)
+        st.b = b = self.b.expected_view(plan)
+        if plan.pcp > 1:
+            st.r_g = laws.ramp(b.t_gemm, c.eps, c.m_half)
+            st.r_a = laws.ramp(b.t_real, c.eps, c.m_half)
+        return st
 
     def later_draft_pass(self, c: terms.Constants) -> "_Step":
         """The token counts of a later draft pass: one decode token per live request."""
@@ -364,12 +431,27 @@ class _Priced(NamedTuple):
 def _terms(plan: Plan, options: StepOptions, c: terms.Constants, st: _Step) -> _Priced:
     """Price every named term of the step (the one list both composers read)."""
     opts = _Opts(options)
-    layers = {kind.id: terms.layer_terms(kind, plan, opts, c, st) for kind in plan.kinds}
-    step = {"lm head": terms.lm_head(plan, opts, c, st)}
+    # refinement 8: a context-parallel plan prices expected_s on its own view of the step
+    # (vLLM's PCP split, the DCP envelope); the edges keep the spec's counts
+    cp = plan.pcp > 1 or (plan.dcp > 1 and _dcp_kinds(plan, latent=True))
+    ex = st.expected_view(plan, c) if options.expected_refinements and cp else st
+
+    def both(edge_fn):
+        edge = edge_fn(st)
+        if ex is st:
+            return edge
+        exp = edge_fn(ex)
+        if isinstance(edge, dict):
+            return {n: t._replace(expected_s=exp[n].expected_s) for n, t in edge.items()}
+        return edge._replace(expected_s=exp.expected_s)
+
+    layers = {kind.id: both(lambda s, k=kind: terms.layer_terms(k, plan, opts, c, s))
+              for kind in plan.kinds}
+    step = {"lm head": both(lambda s: terms.lm_head(plan, opts, c, s))}
     if options.expected_refinements and plan.draft_kinds:
         first = {kid: _sum_expected(layers[kid], c.zero) for kid, _ in plan.draft_kinds}
-        step["draft passes"] = terms.draft_passes(plan, opts, c, st, first,
-                                                  lambda: st.later_draft_pass(c))
+        step["draft passes"] = terms.draft_passes(plan, opts, c, ex, first,
+                                                  lambda: ex.later_draft_pass(c))
     step["kernel gap"] = terms.kernel_gap(plan, c, st)
     step["host graph replay"] = terms.graph_replay(plan, c, st)
     step["host kernel launches"] = terms.kernel_launches(plan, c, st)

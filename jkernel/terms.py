@@ -34,8 +34,8 @@ __all__ = ["Term", "ReadShape", "read_shape", "primary_read", "Constants", "SERI
            "graph_replay", "kernel_launches", "kernel_gap", "host_serial", "STEP",
            "breakdown_table", "BREAKDOWN_COLUMNS"]
 
-_SHARDABLE = ("gqa", "mla", "sparse_mla")
-_LATENT = ("mla", "sparse_mla")
+_SHARDABLE = SHARDABLE = ("gqa", "mla", "sparse_mla")   # the kinds DCP shards
+_LATENT = LATENT = ("mla", "sparse_mla")
 
 #: The key of the step-level terms in :attr:`StepEstimate.terms` (not a layer kind).
 STEP = "(step)"
@@ -231,9 +231,10 @@ def _single_launch(att: AttentionPlan, plan: Plan) -> bool:
 
 
 def _monotone(options) -> bool:
-    """expected.md refinements 6 and 7 (jkernel's, on with refinements 1–5): the terms that
-    keep ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`
-    and :func:`attention_prefill`)."""
+    """jkernel's refinements 6–8 (on with expected.md's 1–5): the terms that keep
+    ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`,
+    :func:`attention_prefill` and, for context-parallel plans,
+    :func:`context_parallel_collectives` with ``jkernel.step._Batch.expected_view``)."""
     return options.expected_refinements
 
 
@@ -376,8 +377,30 @@ def collective_name(coll) -> str:
 def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constants, st
                                  ) -> dict[str, Term]:
     """DCP query/LSE/output collectives, MLA context gathers (step.md §6.9) and PCP KV
-    gathers (§6.10: the primary's latent and rope key, and each secondary's key), by name."""
+    gathers (§6.10: the primary's latent and rope key, and each secondary's key), by name.
+
+    On the view ``expected_s`` prices a context-parallel plan with (``st.b.envelope``,
+    refinement 8), a latent attention's DCP collectives take their monotone form:
+
+    * vLLM v0.31.0's MLA backend (``MLACommonImpl.forward``) all-gathers the decode
+      queries over the DCP group and combines the outputs by their LSE
+      (``cp_lse_ag_out_rs``) only when the step has a decode; a prefill reads its cached
+      context through the chunked context gather instead. So in the engine the last decode
+      turning prefill removes three launches per layer. ``expected_s`` charges the decode
+      path's collectives whenever a request is live, over the decode rows plus
+      ``decode_threshold`` rows per prefill — the decode each prefill grew from — so a
+      prefill never costs less than that decode (the envelope refinement 6 applies to the
+      decode read's floor). It over-charges a step of prefills only, by at most those
+      launches.
+    * the context gather follows vLLM's chunking of the prefills' cached context
+      (``MLACommonMetadataBuilder``): every prefill with context gets ``chunk / P`` tokens
+      of the workspace per iteration (rounded down to whole blocks; P such prefills), so
+      ``ceil(max c / that)`` gathers move the ``Σ c`` tokens — non-decreasing in each
+      context and in P, where the spec's runs (split at each prefill without context,
+      ordered by new tokens) regroup when a request grows.
+    """
     att, b, zero = kind.attention, st.b, c.zero
+    envelope = bool(getattr(b, "envelope", False)) and _monotone(options)
     out: dict[str, Term] = {}
     if att is None or att.n_q <= 0:
         return out
@@ -392,6 +415,9 @@ def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constan
     if plan.dcp > 1 and att.kind in _SHARDABLE:
         rows = b.decode_tokens if latent else jnp.where(b.any_context, b.tokens, 0.0)
         some = rows > 0
+        if latent and envelope:
+            rows = rows + b.thr * b.prefill_requests
+            some = st.has_live
         h, qW = att.n_q, att.d_h
         oW = att.kv_lora_rank if latent and att.kv_lora_rank > 0 else att.d_h
         if plan.pcp > 1:
@@ -410,7 +436,8 @@ def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constan
             op = "all_reduce" if plan.pcp > 1 else "reduce_scatter"
             charge(f"dcp output {op}", op, "DCP", rows * aH * oW * 2.0, some)
         if latent:
-            dv, dn = _mla_context_gather(plan, b, att, c)
+            dv, dn = (_chunked_context_gather if envelope else _mla_context_gather)(
+                plan, b, att, c)
             out["dcp context gather"] = Term.of(zero, nvlink=dv, nic=dn, expected=dv + dn)
     if plan.pcp > 1:
         rows = plan.pcp * b.prefill_tokens
@@ -452,6 +479,21 @@ def _mla_context_gather(plan: Plan, b, att: AttentionPlan, c: Constants):
     use = S > 0
     return (jnp.sum(jnp.where(use, n * v, 0.0), axis=-1),
             jnp.sum(jnp.where(use, n * k, 0.0), axis=-1))
+
+
+def _chunked_context_gather(plan: Plan, b, att: AttentionPlan, c: Constants):
+    """``expected_s``: the DCP gathers of the prefills' cached latent context as vLLM v0.31.0
+    chunks it (see :func:`context_parallel_collectives`): ``n = ceil(max c / q)``
+    iterations, ``q = max(⌊chunk / P / block⌋·block, block)``, each gathering ``Σ c / n``
+    tokens of ``d_h`` bf16 values."""
+    total, count, longest = b.prefill_context()
+    block = float(max(plan.block_size, 1))
+    share = jnp.floor(max(plan.mla_chunk, 1) / jnp.maximum(count, 1.0) / block) * block
+    n = jnp.ceil(longest / jnp.maximum(share, block))
+    per = total * att.d_h * 2.0 / jnp.where(n > 0, n, 1.0)
+    v, k = c.coll(plan.key("all_gather", "DCP"), plan.group("DCP"), per, False)
+    use = total > 0
+    return jnp.where(use, n * v, 0.0), jnp.where(use, n * k, 0.0)
 
 
 def gemm_names(kind: KindPlan) -> list[str]:

@@ -171,3 +171,38 @@ def test_api_page_describes_provenance_entries_as_records():
     assert type(p).__name__ in text
     assert all(f"`{a}`" in text for a in ("name", "set", "method", "scope"))
     assert not isinstance(p, tuple)
+
+
+# -- docs/calibrate.md's command lines parse ---------------------------------------------------
+
+def _calibration_lines() -> list[str]:
+    """The ``python -m calibration …`` lines of docs/calibrate.md's code blocks, with their
+    backslash continuations joined."""
+    out, fence, pending = [], False, ""
+    for line in (DOCS / "calibrate.md").read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if not fence:
+            continue
+        pending += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            if pending.startswith("python -m calibration "):
+                out.append(pending.strip())
+            pending = ""
+    return out
+
+
+@pytest.mark.parametrize("line", _calibration_lines())
+def test_calibrate_page_command_lines_parse(line):
+    """Guards (issue 10): docs/calibrate.md showed a `traces` command line that exited 2 on
+    its flags. Each documented line must parse with the calibration command's own parser
+    (running the fits needs ../shared/data and is benchmarks' business)."""
+    from calibration.__main__ import build_parser
+
+    build_parser().parse_args(shlex.split(line)[3:])
+
+
+def test_calibrate_page_documents_command_lines():
+    assert {line.split()[3] for line in _calibration_lines()} >= {"profiles", "traces",
+                                                                   "import"}

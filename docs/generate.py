@@ -8,40 +8,84 @@ An example output in a page is a fenced block preceded by a marker naming its co
     ...what the command prints...
     ```
 
-``python docs/generate.py`` runs every marked command (in process, against the catalog
-jkernel imports) and rewrites the block under it; ``--check`` rewrites nothing and exits 1
-when a page is stale. ``tests/test_docs.py`` compares the same blocks with the program.
+A Markdown table (or any text that is not a code block) the program prints is a region
+between a marker naming its command and an end marker::
+
+    <!-- table: python -m jkernel.replay.validate ../shared/data/residency-vllm --markdown -->
+    | run | TTFT | ...
+    <!-- end table -->
+
+``python docs/generate.py`` runs every marked command (in process, from the repository root,
+against the catalog jkernel imports; an ``--out FILE`` goes to a scratch folder) and rewrites
+the block or region under it; ``--check`` rewrites nothing and exits 1 when a page is stale.
+A command that reads the shared data (an argument under ``../shared``) is run only where that
+data is present; elsewhere its region is kept as it is and the script says so.
+``tests/test_docs.py`` compares the same blocks and regions with the program.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-#: The pages this script fills (docs/simulator.md and docs/calibrate.md have their owners).
-PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md")
+ROOT = DOCS.parent
+#: The pages this script fills.
+PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md", "simulator.md",
+         "calibrate.md")
+#: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``).
+MODULES = ("jkernel.replay.validate",)
 
 MARKER = re.compile(r"<!-- output: (?P<cmd>[^\n]+?) -->\n```\n(?P<body>.*?)```\n", re.S)
+TABLE = re.compile(r"<!-- table: (?P<cmd>[^\n]+?) -->\n(?P<body>.*?)<!-- end table -->\n",
+                   re.S)
+
+
+def shared_inputs(command: str) -> list[str]:
+    """The arguments of ``command`` that name the shared data (``../shared/...``)."""
+    return [a for a in shlex.split(command.partition(" | ")[0])
+            if a.startswith("../shared/")]
+
+
+def missing_inputs(command: str) -> list[str]:
+    """The shared-data arguments of ``command`` absent from this checkout."""
+    return [a for a in shared_inputs(command) if not (ROOT / a).exists()]
 
 
 def run_command(command: str) -> str:
-    """What ``jkernel ARGS`` prints on stdout, run in this process."""
-    from jkernel import cli
-
+    """What ``jkernel ARGS`` or ``python -m MODULE ARGS`` (one of :data:`MODULES`) prints on
+    stdout, run in this process from the repository root. An ``--out FILE`` is written to a
+    scratch folder instead; the output names it as the command did."""
     argv = shlex.split(command)
-    if argv[:1] != ["jkernel"]:
-        raise ValueError(f"a marked command starts with `jkernel`: {command!r}")
+    if argv[:1] == ["jkernel"]:
+        from jkernel import cli
+
+        entry, args = cli.main, argv[1:]
+    elif argv[:2] == ["python", "-m"] and argv[2:3] and argv[2] in MODULES:
+        entry, args = importlib.import_module(argv[2]).main, argv[3:]
+    else:
+        raise ValueError(f"a marked command starts with `jkernel` or `python -m` one of "
+                         f"{', '.join(MODULES)}: {command!r}")
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = cli.main(argv[1:])
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(ROOT):
+        named = None
+        if "--out" in args:
+            i = args.index("--out") + 1
+            named, args[i] = args[i], str(Path(scratch) / Path(args[i]).name)
+        with contextlib.redirect_stdout(out):
+            rc = entry(args)
+        text = out.getvalue()
+        if named is not None:
+            text = text.replace(args[i], named)
     if rc:
         raise RuntimeError(f"`{command}` exited with {rc}")
-    return out.getvalue()
+    return text
 
 
 def block(command: str) -> str:
@@ -56,14 +100,34 @@ def block(command: str) -> str:
     return f"$ {command}\n{out}"
 
 
+def region(command: str) -> str:
+    """What ``command`` prints, as the body of a table region (ending in one newline)."""
+    return run_command(command).rstrip("\n") + "\n"
+
+
 def markers(text: str) -> list[tuple[str, str]]:
     """(command, current block body) for each marked block of a page."""
     return [(m["cmd"], m["body"]) for m in MARKER.finditer(text)]
 
 
-def fill(text: str) -> str:
-    return MARKER.sub(lambda m: f"<!-- output: {m['cmd']} -->\n```\n{block(m['cmd'])}```\n",
+def tables(text: str) -> list[tuple[str, str]]:
+    """(command, current region body) for each marked table region of a page."""
+    return [(m["cmd"], m["body"]) for m in TABLE.finditer(text)]
+
+
+def fill(text: str, kept: list[str] | None = None) -> str:
+    """``text`` with every marked block and region regenerated; a region whose command
+    needs absent shared data is kept, and its command appended to ``kept``."""
+    def table(m):
+        if missing_inputs(m["cmd"]):
+            if kept is not None:
+                kept.append(m["cmd"])
+            return m[0]
+        return f"<!-- table: {m['cmd']} -->\n{region(m['cmd'])}<!-- end table -->\n"
+
+    text = MARKER.sub(lambda m: f"<!-- output: {m['cmd']} -->\n```\n{block(m['cmd'])}```\n",
                       text)
+    return TABLE.sub(table, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,17 +135,19 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_enable_x64", True)
     check = "--check" in (argv if argv is not None else sys.argv[1:])
-    stale = []
+    stale, kept = [], []
     for name in PAGES:
         path = DOCS / name
         text = path.read_text()
-        new = fill(text)
+        new = fill(text, kept)
         if new != text:
             stale.append(name)
             if not check:
                 path.write_text(new)
     verb = "stale" if check else "regenerated"
     print(f"{verb}: {', '.join(stale)}" if stale else "docs up to date")
+    for cmd in kept:
+        print(f"kept as it was (needs {', '.join(missing_inputs(cmd))}, absent here): {cmd}")
     return 1 if (check and stale) else 0
 
 

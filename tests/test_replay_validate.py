@@ -66,3 +66,72 @@ def test_validate_on_the_excerpt_runs_end_to_end(tmp_path):
 def test_main_refuses_a_missing_folder(tmp_path, capsys):
     assert V.main([str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def _excerpt_root(tmp_path, n=20):
+    folder = tmp_path / V.RUNS[0][1]
+    folder.mkdir(parents=True)
+    pd.read_csv(DATA / "agg_2rps_head.csv").head(n).to_csv(folder / "trace.csv", index=False)
+    return tmp_path
+
+
+def test_profile_only_constants_are_what_a_chip_has_without_a_step_trace():
+    """`--constants profiles` prices with the step constants of a chip no step trace fitted:
+    the calibration's starting point, and what a kernel on such a chip (h200) reads."""
+    import jkernel
+    from calibration.stepfit import PROFILE_ONLY
+
+    assert V.PROFILE_ONLY == PROFILE_ONLY
+    k = jkernel.open("llama-3.1-70b-instruct-h200-fp8-tp8")
+    for name, value in V.PROFILE_ONLY.items():
+        assert k.params.value(name) == value and k.assumption(name) is not None
+    shipped = V._kernel(V.SCENARIO)
+    assert shipped.params.value("compute_derate") < 1.0      # the H100 step-trace fit
+    profiles = V._kernel(V.SCENARIO, "profiles")
+    assert {n: profiles.params.value(n) for n in V.PROFILE_ONLY} == V.PROFILE_ONLY
+    with pytest.raises(ValueError, match="shipped"):
+        V._kernel(V.SCENARIO, "seed")
+
+
+def test_profile_only_constants_price_the_excerpt_faster(tmp_path):
+    """Without the unhidden host time and the compute derate every step is shorter, so the
+    replay's TTFT, ITL and E2E all drop; the table records which constants priced it."""
+    root = _excerpt_root(tmp_path)
+    shipped = V.validate(root, runs=["2rps"])
+    profiles = V.validate(root, runs=["2rps"], constants="profiles")
+    assert shipped.attrs["constants"] == "shipped" and profiles.attrs["constants"] == "profiles"
+    for key in ("ttft_mean", "itl_mean", "e2e_mean"):
+        assert profiles[f"{key}_predicted_s"][0] < shipped[f"{key}_predicted_s"][0]
+        assert profiles[f"{key}_measured_s"][0] == shipped[f"{key}_measured_s"][0]
+    assert shipped.attrs["admission_overhead_s"] > 0
+
+
+def test_markdown_table_of_two_constant_sets(tmp_path):
+    """Each cell is the error of the mean with the p90's in brackets, in per cent with a
+    true minus sign; a missing measured p90 (no summary.json) reads n/a, not nan."""
+    table = pd.DataFrame([{"run": "2rps", **{f"{m}_{s}": v for m in ("ttft", "itl", "e2e")
+                                             for s, v in (("mean_error", -0.1234),
+                                                          ("p90_error", 0.0049))},
+                           "ttft_mean_measured_s": 0.066, "ttft_mean_predicted_s": 0.059}])
+    a, b = table.copy(), table.copy()
+    a.attrs = {"constants": "profiles"}
+    b.attrs = {"constants": "shipped", "admission_overhead_s": 3.5e-4, "mean_prompt_tokens": 1000}
+    b["itl_p90_error"] = float("nan")
+    md = V.markdown_table(a, b).splitlines()
+    assert md[0] == "| run | TTFT | ITL | E2E | TTFT | ITL | E2E |"
+    assert "*profile-only step constants*" in md[2] and "*shipped constants" in md[2]
+    assert md[3] == ("| 2 req/s | \u221212.3 % (+0.5) | \u221212.3 % (+0.5) | \u221212.3 % (+0.5) "
+                     "| \u221212.3 % (+0.5) | \u221212.3 % (n/a) | \u221212.3 % (+0.5) |")
+    assert "7.0 to 7.0 ms short" in md[-1] and "0.35 ms" in md[-1] and "1,000-token" in md[-1]
+    with pytest.raises(ValueError):
+        V.markdown_table()
+
+
+def test_main_markdown_with_both_constant_sets(tmp_path, capsys):
+    root = _excerpt_root(tmp_path, n=10)
+    csv = tmp_path / "t.csv"
+    assert V.main([str(root), "--runs", "2rps", "--constants", "both", "--markdown",
+                   "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| run |") and "| 2 req/s |" in out
+    assert (tmp_path / "t-profiles.csv").exists() and (tmp_path / "t-shipped.csv").exists()

@@ -1,9 +1,13 @@
 """Replay the measured residency-vllm runs and compare with the client's timings.
 
     python -m jkernel.replay.validate ../shared/data/residency-vllm [--scenario NAME]
+        [--constants shipped|profiles|both] [--markdown]
 
 prints, per run, the measured and predicted mean and p90 of TTFT, ITL and E2E and the error
-of each (predicted / measured − 1). The source (inference-sim/residency-vllm @ 2641b576) is
+of each (predicted / measured − 1). ``--constants profiles`` prices with the step constants a
+chip has before any step-trace fit (:data:`PROFILE_ONLY`) instead of the shipped ones, and
+``both`` runs the two; ``--markdown`` prints the errors as the Markdown table of
+``docs/simulator.md`` (which ``docs/generate.py`` fills from it). The source (inference-sim/residency-vllm @ 2641b576) is
 five runs of vLLM 0.23.0 serving Qwen3-14B on one H100 at 2, 2, 4, 6 and 8 requests/s,
 1,024-token prompts and exactly 128 output tokens, streamed.
 
@@ -31,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["RUNS", "measured_summary", "predicted_summary", "validate_run", "validate",
-           "format_table", "main"]
+__all__ = ["RUNS", "LABELS", "PROFILE_ONLY", "measured_summary", "predicted_summary",
+           "validate_run", "validate", "format_table", "markdown_table", "main"]
 
 #: (name, folder under the residency-vllm root), in the order the issue lists them.
 RUNS = (
@@ -42,6 +46,17 @@ RUNS = (
     ("6rps", "sweep_rate/agg_6rps/patched"),
     ("8rps", "sweep_rate/agg_8rps/patched"),
 )
+
+#: How docs/simulator.md names each run.
+LABELS = {"2rps": "2 req/s", "2rps-1T": "2 req/s, 1 tenant", "4rps": "4 req/s",
+          "6rps": "6 req/s", "8rps": "8 req/s"}
+
+#: The step constants a chip has before a step-trace fit: what ``jkernel.resolve`` assumes
+#: when the registry holds no fitted value (no unhidden host time, the profiles' compute
+#: rate), the same as ``calibration.stepfit.PROFILE_ONLY`` (tests/test_replay_validate.py
+#: checks both). ``--constants profiles`` prices the runs with these.
+PROFILE_ONLY = {"host_serial": 0.0, "host_serial_per_request": 0.0, "compute_derate": 1.0,
+                "kernel_gap": 0.0}
 
 METRICS = ("ttft_mean", "ttft_p90", "itl_mean", "itl_p90", "e2e_mean", "e2e_p90")
 SCENARIO = "qwen3-14b-h100-tp1"
@@ -88,10 +103,18 @@ def predicted_summary(result) -> dict:
     return out
 
 
-def _kernel(scenario: str):
+def _kernel(scenario: str, constants: str = "shipped"):
+    """The scenario's kernel at its shipped constants, or (``"profiles"``) with the step
+    constants of :data:`PROFILE_ONLY`."""
     import jkernel
 
-    return jkernel.open(scenario)
+    if constants not in ("shipped", "profiles"):
+        raise ValueError(f"constants must be 'shipped' or 'profiles', not {constants!r}")
+    k = jkernel.open(scenario)
+    if constants == "profiles":
+        k = k.with_params(k.params.replace(**{n: v for n, v in PROFILE_ONLY.items()
+                                              if n in k.params}))
+    return k
 
 
 def validate_run(kernel, folder: Path, *, limit: int | None = None,
@@ -115,15 +138,20 @@ def validate_run(kernel, folder: Path, *, limit: int | None = None,
 
 
 def validate(root: str | Path, *, scenario: str = SCENARIO, runs=None,
-             limit: int | None = None, progress: bool = False) -> pd.DataFrame:
-    """One row per run: measured, predicted and error of each metric in :data:`METRICS`."""
+             limit: int | None = None, progress: bool = False,
+             constants: str = "shipped") -> pd.DataFrame:
+    """One row per run: measured, predicted and error of each metric in :data:`METRICS`.
+    ``constants``: ``"shipped"`` (the catalog's) or ``"profiles"`` (:data:`PROFILE_ONLY`);
+    the table's ``attrs`` record it, the scenario, and the kernel's admission overhead of the
+    replayed requests' mean prompt (``admission_overhead_s``)."""
     root = Path(root)
-    k = _kernel(scenario)
-    rows = []
+    k = _kernel(scenario, constants)
+    rows, prompts = [], []
     for name, folder in RUNS:
         if runs and name not in runs:
             continue
         v = validate_run(k, root / folder, limit=limit, progress=progress)
+        prompts.append(v["result"].requests["input_tokens"].to_numpy())
         m, p = v["measured"], v["predicted"]
         row = {"run": name, "requests": m["requests"], "rate_per_s": m["rate_per_s"],
                "steps": v["result"].summary["steps"],
@@ -133,7 +161,14 @@ def validate(root: str | Path, *, scenario: str = SCENARIO, runs=None,
             row[f"{key}_predicted_s"] = p.get(key, float("nan"))
             row[f"{key}_error"] = row[f"{key}_predicted_s"] / row[f"{key}_measured_s"] - 1
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["constants"] = constants
+    table.attrs["scenario"] = scenario
+    if prompts:
+        mean_prompt = int(round(float(np.concatenate(prompts).mean())))
+        table.attrs["mean_prompt_tokens"] = mean_prompt
+        table.attrs["admission_overhead_s"] = float(k.admission_overhead(mean_prompt))
+    return table
 
 
 def format_table(table: pd.DataFrame) -> str:
@@ -151,6 +186,51 @@ def format_table(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+_HALVES = {"profiles": "*profile-only step constants*",
+           "shipped": "*shipped constants (H100 step-trace fit)*"}
+
+
+def _pct(x: float) -> str:
+    """A ratio as signed per cent with a true minus sign; ``n/a`` where it is not a number
+    (a run folder without the ``summary.json`` that holds the measured ITL percentiles)."""
+    return "n/a" if not np.isfinite(x) else f"{x * 100:+.1f}".replace("-", "\u2212")
+
+
+def markdown_table(*tables: pd.DataFrame) -> str:
+    """The errors of one or more :func:`validate` tables side by side, as the Markdown of
+    docs/simulator.md: per run, the error of the mean of TTFT, ITL and E2E with the p90's in
+    brackets (predicted / measured − 1, %), one half per table (its ``attrs["constants"]``),
+    then a line giving the range of the mean TTFT miss of the last table in ms."""
+    if not tables:
+        raise ValueError("markdown_table needs at least one validate() table")
+    runs = [list(t["run"]) for t in tables]
+    if any(r != runs[0] for r in runs):
+        raise ValueError(f"the tables cover different runs: {runs}")
+    head = ["run"] + ["TTFT", "ITL", "E2E"] * len(tables)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    halves = [""]
+    for t in tables:
+        halves += [_HALVES[t.attrs.get("constants", "shipped")], "", ""]
+    lines.append("| " + " | ".join(halves) + " |")
+    for i, name in enumerate(runs[0]):
+        cells = [LABELS.get(name, name)]
+        for t in tables:
+            r = t.iloc[i]
+            for m in ("ttft", "itl", "e2e"):
+                cells.append(f"{_pct(r[f'{m}_mean_error'])} % ({_pct(r[f'{m}_p90_error'])})")
+        lines.append("| " + " | ".join(cells) + " |")
+    last = tables[-1]
+    miss_ms = (last["ttft_mean_measured_s"] - last["ttft_mean_predicted_s"]) * 1e3
+    lines.append("")
+    lines.append(f"With the {_HALVES[last.attrs.get('constants', 'shipped')].strip('*')}, the "
+                 f"mean TTFT is {miss_ms.min():.1f} to {miss_ms.max():.1f} ms short per "
+                 f"request (measured − predicted) over the {len(last)} runs; the kernel "
+                 f"places {last.attrs['admission_overhead_s'] * 1e3:.2f} ms of admission "
+                 f"overhead before a {last.attrs['mean_prompt_tokens']:,}-token prompt "
+                 f"(the runs' mean) is scheduled.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m jkernel.replay.validate",
                                 description=__doc__.split("\n\n")[0])
@@ -159,17 +239,34 @@ def main(argv=None) -> int:
     p.add_argument("--scenario", default=SCENARIO)
     p.add_argument("--runs", nargs="*", default=None, help=f"a subset of {[r[0] for r in RUNS]}")
     p.add_argument("--limit", type=int, default=None, help="first N requests of each run")
-    p.add_argument("--csv", default=None, help="also write the table as CSV")
+    p.add_argument("--constants", choices=("shipped", "profiles", "both"), default="shipped",
+                   help="price with the catalog's step constants (shipped), the profile-only "
+                        "ones (profiles: no step-trace fit), or both, profiles first")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the errors as the Markdown table of docs/simulator.md")
+    p.add_argument("--csv", default=None, help="also write the table as CSV (with --constants "
+                                               "both, one file per set: NAME-profiles.csv …)")
     p.add_argument("--progress", action="store_true")
     a = p.parse_args(argv)
     if not Path(a.root).exists():
         print(f"{a.root}: no such folder (the residency-vllm data)", file=sys.stderr)
         return 2
-    table = validate(a.root, scenario=a.scenario, runs=a.runs, limit=a.limit,
-                     progress=a.progress)
-    print(format_table(table))
+    sets = ("profiles", "shipped") if a.constants == "both" else (a.constants,)
+    tables = [validate(a.root, scenario=a.scenario, runs=a.runs, limit=a.limit,
+                       progress=a.progress, constants=c) for c in sets]
+    if a.markdown:
+        print(markdown_table(*tables))
+    else:
+        for c, t in zip(sets, tables):
+            if len(sets) > 1:
+                print(f"{c} constants")
+            print(format_table(t))
     if a.csv:
-        table.to_csv(a.csv, index=False)
+        for c, t in zip(sets, tables):
+            path = Path(a.csv)
+            if len(sets) > 1:
+                path = path.with_name(f"{path.stem}-{c}{path.suffix}")
+            t.to_csv(path, index=False)
     return 0
 
 

@@ -7,6 +7,7 @@ prints now, so a change to the program fails this file until the docs are regene
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import io
@@ -440,3 +441,93 @@ def test_calibrate_page_fitted_figures_are_the_catalogs():
     for (dec, pre, slope), (_, d, p, pred, meas) in zip(rec, rows):
         assert (d, p) == (dec, pre)
         assert float(pred) / float(meas) == pytest.approx(float(slope), abs=6e-4)
+
+
+# -- docs/api.md's signatures, names and constants are the program's ---------------------------
+
+def _doc_params(sig: str) -> list[tuple[str, str | None, bool]]:
+    """``a, b=None, *, c=1`` → [(name, default text or None, keyword-only)]; ``...`` after a
+    name stands for its default (not checked), a trailing ``...`` for further arguments."""
+    out, kwonly = [], False
+    for part in (p.strip() for p in sig.split(",")):
+        if part == "*":
+            kwonly = True
+        elif part and part != "...":
+            name, _, default = part.partition("=")
+            out.append((name.strip(), default.strip() or None, kwonly))
+    return out
+
+
+def _check_signature(doc_sig: str, fn, *, complete: bool = True) -> None:
+    import inspect
+
+    sig = inspect.signature(fn)
+    actual = [p for p in sig.parameters.values() if p.name != "self"]
+    documented = _doc_params(doc_sig)
+    names = [p.name for p in actual]
+    if complete:
+        assert [d[0] for d in documented] == names, (doc_sig, names)
+    for name, default, kwonly in documented:
+        assert name in names, (doc_sig, name, names)
+        p = sig.parameters[name]
+        if name == "kw":
+            continue
+        assert (p.kind is inspect.Parameter.KEYWORD_ONLY) == kwonly, (doc_sig, name)
+        if default not in (None, "..."):
+            assert p.default is not inspect.Parameter.empty, (doc_sig, name)
+            assert ast.literal_eval(default) == p.default, (doc_sig, name, p.default)
+
+
+def test_api_page_signatures_are_the_programs():
+    """Each signature docs/api.md writes out names the function's parameters, in order, with
+    the defaults it states (`price_sweep`'s first parameter was documented as `params_list`,
+    the program calls it `params`)."""
+    text = (DOCS / "api.md").read_text()
+    k = jkernel.open("llama-3.1-8b-h100-tp1")
+    calls = {"jkernel.open": jkernel.open, "jkernel.open_pool": jkernel.open_pool,
+             "jkernel.open_inputs": jkernel.open_inputs, "jkernel.Repos": jkernel.Repos,
+             "jkernel.Batch": jkernel.Batch, "jkernel.Placement": jkernel.Placement,
+             "k.price_many": k.price_many, "k.price_sweep": k.price_sweep,
+             "k.tier_time": k.tier_time, "k.pd_transfer_time": k.pd_transfer_time,
+             "k.admission_overhead": k.admission_overhead,
+             "k.sequence_variable_bytes": k.sequence_variable_bytes}
+    seen = set()
+    for name, fn in calls.items():
+        for m in re.finditer(re.escape(name) + r"\(([^)`]*)\)", text):
+            sig = m[1].replace("**kw", "kw")
+            if not sig.strip() or sig.strip().startswith(("\"", "[")):
+                continue                                   # a call, not a signature
+            _check_signature(sig, fn, complete=not sig.rstrip().endswith("..."))
+            seen.add(name)
+    assert {"jkernel.open", "jkernel.Batch", "k.price_many", "k.price_sweep",
+            "jkernel.Repos", "k.tier_time"} <= seen
+    assert re.search(r"`buckets=\(([^)]*)\)`", text)[1] == ", ".join(
+        str(b) for b in __import__("inspect").signature(jkernel.Kernel).parameters[
+            "buckets"].default)
+
+
+def test_api_page_names_and_constants_are_the_programs():
+    """The fields, methods, settings keys and constants docs/api.md lists exist as written,
+    and its first example's comment names the bottleneck the program reports."""
+    text = (DOCS / "api.md").read_text()
+    k = jkernel.open("llama-3.1-70b-h100-tp4")
+    est = k.step_time(jkernel.Batch.from_spec("32x1@4096,1x2048@0"))
+    assert re.search(r"est\.bottleneck_name\s+# seconds, seconds, \"(\w+)\"", text)[1] \
+        == est.bottleneck_name
+    fields = text[text.index("| Field | Meaning |"):].split("\n\n")[0]
+    for f in re.findall(r"^\| `(\w+)` \|", fields, re.M):
+        assert hasattr(est, f), f
+    assert set(re.search(r"`per_resource_s` \| `\{([^}]*)\}`", text)[1].replace('"', "")
+               .replace(" ", "").split(",")) == set(est.per_resource_s)
+    for owner, obj in (("k", k), ("p", k.params), ("est", est)):
+        for name in set(re.findall(rf"`{owner}\.(\w+)\(", text)):
+            assert callable(getattr(obj, name, None)), f"{owner}.{name}"
+        for name in set(re.findall(rf"`{owner}\.(\w+)`", text)):
+            assert hasattr(obj, name), f"{owner}.{name}"
+    listed = re.search(r"`k\.settings` \| [^:]*: ([^|]*)\|", text)[1]
+    assert set(re.findall(r"`(\w+)`", listed)) <= set(k.settings)
+    consts = text[text.index("## Constants"):]
+    for name, value in re.findall(r"`jkernel\.(\w+) = ([^`]+)`", consts):
+        assert getattr(jkernel, name) == eval(value), name
+    assert "default 4,096" in (DOCS / "bulk.md").read_text()
+    assert __import__("inspect").signature(k.price_many).parameters["chunk"].default == 4096

@@ -40,7 +40,7 @@ ROOT = DOCS.parent
 PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md", "simulator.md",
          "calibrate.md")
 #: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``).
-MODULES = ("jkernel.replay.validate",)
+MODULES = ("jkernel.replay.validate", "calibration.stepreport")
 
 MARKER = re.compile(r"<!-- output: (?P<cmd>[^\n]+?) -->\n```\n(?P<body>.*?)```\n", re.S)
 TABLE = re.compile(r"<!-- table: (?P<cmd>[^\n]+?) -->\n(?P<body>.*?)<!-- end table -->\n",

@@ -218,6 +218,14 @@ TABLES = [(page, cmd, body) for page in generate.PAGES
           for cmd, body in generate.tables((DOCS / page).read_text())]
 
 
+def test_calibrate_page_has_the_generated_step_fit_figures():
+    cmds = [cmd for page, cmd, _ in TABLES if page == "calibrate.md"]
+    assert "python -m calibration.stepreport ../shared/data/residency-vllm --markdown" in cmds
+    from calibration.stepfit import COLLINEAR
+
+    assert f"(R² > {COLLINEAR})" in (DOCS / "calibrate.md").read_text()
+
+
 def test_simulator_page_has_the_generated_validation_table():
     cmds = [cmd for page, cmd, _ in TABLES if page == "simulator.md"]
     assert any(c.startswith("python -m jkernel.replay.validate ") and "--markdown" in c
@@ -273,6 +281,28 @@ def test_validation_table_format_on_the_committed_excerpt(tmp_path, capsys):
     assert _masked(out) == _masked(body)
     rows = [line for line in body.splitlines() if line.startswith("| ") and "%" in line]
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == [V.LABELS[n] for n, _ in V.RUNS]
+
+
+def test_step_fit_figures_format_on_the_committed_excerpt(capsys):
+    """Runs on a fresh clone: docs/calibrate.md's step-fit command on the committed excerpt
+    of the 2 req/s run (tests/data/residency/, 300 requests), fitted on its first 70 % and
+    held out whole as the "second run", prints the doc's region up to the figures: the
+    residual and R² sentences, the table's header and its four rows in order. (docs/calibrate.md
+    showed "+2 ns per prefill token" for a residual of about 2 µs, and profile-only prefill
+    errors of 0.092 and 0.125 where the program gave 0.091 and 0.123.)"""
+    from calibration import stepreport
+
+    (page, cmd, body), = [t for t in TABLES if t[1].startswith("python -m calibration.step")]
+    argv = shlex.split(cmd)[3:]
+    assert argv[0] == "../shared/data/residency-vllm"
+    capsys.readouterr()
+    assert stepreport.main([str(ROOT / "tests/data/residency"), "--runs", "agg_2rps",
+                            "agg_2rps", *argv[1:]]) == 0
+    out = capsys.readouterr().out
+    assert _masked(out) == _masked(body)
+    assert [r.split(" | ")[0] for r in body.splitlines() if r.startswith("| ") and "µs" in r] \
+        == ["| last 30 %, profiles only", "| last 30 %, fitted", "| second run, profiles only",
+            "| second run, fitted"]
 
 
 # -- docs/simulator.md's other tables and names --------------------------------------------

@@ -98,7 +98,8 @@ DOCUMENTED = [(page, line) for page in generate.PAGES for line in _command_lines
 @pytest.mark.parametrize("page, line", DOCUMENTED, ids=[f"{p}: {l}" for p, l in DOCUMENTED])
 def test_documented_command_line_runs(page, line, tmp_path, monkeypatch):
     if line in _ILLUSTRATIVE:
-        pytest.skip("names a file the walkthrough has the reader write")
+        pytest.skip("names a file the walkthrough has the reader write: runs in "
+                    "test_add_model_walkthrough_runs")
     monkeypatch.chdir(ROOT)
     text = line.split("  #")[0].split(" | ")[0].strip()
     for old, new in _PLACEHOLDERS:
@@ -113,6 +114,42 @@ def test_documented_command_line_runs(page, line, tmp_path, monkeypatch):
         argv[i] = str(tmp_path / Path(argv[i]).name) if Path(argv[i]).suffix else str(tmp_path)
     rc, out = run(argv[1:])
     assert rc == 0 and out
+
+
+def test_add_model_walkthrough_runs(tmp_path, monkeypatch):
+    """docs/add-model.md end to end, in a scratch folder: copy the shipped catalog (§4),
+    derive a Qwen3 config into it (the Qwen3-8B config of the shared data, or on a clone
+    without it the shipped Qwen3-14B config under the page's name), check the three files
+    of §1's table, write §3's bundle as the page shows it, and run every command line that
+    names the reader's files (the lines test_documented_command_line_runs skips)."""
+    import shutil
+
+    text = (DOCS / "add-model.md").read_text()
+    catalog = tmp_path / "my-catalog"
+    shutil.copytree(jcatalog.shipped_root(), catalog)
+    config = ROOT / "../shared/data/hf-configs/Qwen--Qwen3-8B_config.json"
+    if not config.exists():
+        config = ROOT / "catalog/models/qwen3-14b/config.json"
+    rc, _ = run(["derive", str(config), "--name", "qwen3-8b", "--out", str(catalog / "models")])
+    assert rc == 0
+    table = text[text.index("| File | What |"):].split("\n\n")[0]
+    files = re.findall(r"^\| `([\w.]+)` \|", table, re.M)
+    assert sorted(files) == sorted(p.name for p in (catalog / "models/qwen3-8b").iterdir())
+    (bundle,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (tmp_path / "qwen3-8b-h100-tp1.yaml").write_text(bundle)
+    (tmp_path / "my-scenario.yaml").write_text(bundle)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JKERNEL_CATALOG", str(catalog))     # §3 derives into the catalog
+    ran = []
+    for line in _ILLUSTRATIVE:
+        argv = shlex.split(line)
+        while "=" in argv[0]:
+            key, value = argv.pop(0).split("=", 1)
+            monkeypatch.setenv(key, str(tmp_path / value))
+        rc, out = run(argv[1:])
+        assert rc == 0 and out.startswith("qwen3-8b-h100-tp1"), line
+        ran.append(line)
+    assert set(ran) == {line for page, line in DOCUMENTED if line in _ILLUSTRATIVE}
 
 
 # -- JSON outputs ----------------------------------------------------------------------------

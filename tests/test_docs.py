@@ -279,9 +279,10 @@ def test_table_region_is_what_the_program_prints(page, cmd, body):
     missing = generate.missing_inputs(cmd)
     if missing:
         pytest.skip(f"{', '.join(missing)} is absent (a clone without the shared data): the "
-                    "figures are checked only where the measured runs are; the table's "
-                    "format is checked on the committed excerpt by "
-                    "test_validation_table_format_on_the_committed_excerpt")
+                    "figures are checked only where the measured runs are; the region's "
+                    "format is checked on the committed excerpts by "
+                    "test_validation_table_format_on_the_committed_excerpt and "
+                    "test_step_fit_figures_format_on_the_committed_excerpt")
     assert body == generate.region(cmd), f"docs/{page} is stale: run python docs/generate.py"
 
 

@@ -80,6 +80,11 @@ _ILLUSTRATIVE = {
 }
 
 _PLACEHOLDERS = [
+    ("replay SCENARIO --requests FILE",
+     "replay qwen3-14b-h100-tp1 --requests tests/data/residency-vllm/agg_2rps_head.csv"),
+    ("plan MODEL --chip CHIP --gpus N --isl N --osl N --rate R",      # a small search
+     "plan qwen3-0.6b --chip h100 --gpus 1 --isl 256 --osl 16 --rate 1 --requests 20 "
+     "--replay-top 1 --workers 1"),
     ("[chips|fabrics|models|scenarios|sets] [--json]", "scenarios --json"),
     ("[chips|fabrics|models|scenarios|sets]", "scenarios"),
     ("[--out catalog/models]", ""),
@@ -150,6 +155,31 @@ def test_add_model_walkthrough_runs(tmp_path, monkeypatch):
         assert rc == 0 and out.startswith("qwen3-8b-h100-tp1"), line
         ran.append(line)
     assert set(ran) == {line for page, line in DOCUMENTED if line in _ILLUSTRATIVE}
+
+
+def _subcommands() -> dict:
+    import argparse
+
+    (sub,) = [a for a in cli.build_parser()._actions
+              if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+def test_cli_page_lists_every_subcommand_and_price_option():
+    """docs/cli.md said the command had five subcommands (it has seven: replay and plan were
+    missing) and its price option table left out `--breakdown`."""
+    text = (DOCS / "cli.md").read_text()
+    subs = _subcommands()
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    assert f"It has {words[len(subs)]} subcommands" in text
+    overview = re.search(r"subcommands:\n\n```\n(.*?)```", text, re.S)[1]
+    assert [line.split()[1] for line in overview.splitlines()] == list(subs)
+    for name in subs:
+        assert f"`jkernel {name}`" in text, name
+    table = text[text.index("| Option | Meaning |"):].split("\n\n")[0]
+    documented = set(re.findall(r"^\| `(--[\w-]+)", table, re.M))
+    options = {o for a in subs["price"]._actions for o in a.option_strings} - {"-h", "--help"}
+    assert documented == options
 
 
 # -- JSON outputs ----------------------------------------------------------------------------

@@ -244,6 +244,28 @@ def test_api_page_describes_provenance_entries_as_records():
     assert not isinstance(p, tuple)
 
 
+def test_bulk_page_first_example_runs_scaled_down():
+    """docs/bulk.md's first example, with 1,000 batches in place of its 1,000,000 (the same
+    code otherwise): the result has one figure per batch, as its comment says; and its
+    stated checks hold (zero batches give empty arrays, a fractional count raises
+    jkernel.ArgumentError naming the argument)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    code = _python_blocks("bulk.md")[0]
+    assert code.count("1_000_000") == 2 and "(1000000,)" in code
+    ns: dict = {}
+    exec(compile(code.replace("1_000_000", "1_000"), "docs/bulk.md", "exec"), ns)
+    assert ns["est"].expected_s.shape == (1000,)
+    assert ns["est"].expected_s.dtype == np.float64
+    k = ns["k"]
+    empty = k.price_many(scheduled=np.zeros((0, 4), np.int32),
+                         computed=np.zeros((0, 4), np.int32))
+    assert empty.expected_s.shape == (0,)
+    with pytest.raises(jkernel.ArgumentError, match="scheduled"):
+        k.price_many(scheduled=np.full((1, 2), 1.5), computed=np.zeros((1, 2)))
+
+
 # -- docs/calibrate.md's command lines parse ---------------------------------------------------
 
 def _calibration_lines() -> list[str]:
@@ -469,6 +491,13 @@ def test_simulator_page_names_real_settings_and_methods():
     for name in methods:
         assert callable(getattr(k, name, None)), name
     assert callable(k.resolved().data_parallel)
+
+
+def test_simulator_page_speed_run_is_the_8_rps_run():
+    """The Speed section's run is the measured 8 requests/s run, by its request count."""
+    runs = pd.read_csv(ROOT / "tests/data/residency-vllm/runs.csv").set_index("run")
+    n = int(runs.loc["8rps", "requests"])
+    assert f"the 8 requests/s run ({n:,} requests" in " ".join(_simulator().split())
 
 
 def test_simulator_page_python_example_runs(monkeypatch):

@@ -38,10 +38,15 @@ GIB = 2 ** 30
 
 SPEC_RECIPE_FROM = (0, 29, 0)        # the spec's recipe (memory.md §4–§5): its registry
 #   magnitudes are the vLLM 0.29 rules pack's and its pins are declared at 0.29.0 / 0.31.0.
-GRAPH_PROFILE_FROM = (0, 21, 0)      # vLLM v0.21.0: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1
-#   by default ("CUDA graph memory profiling is enabled (default since v0.21.0)", gpu_worker
-#   log; the estimate was opt-in from vllm-project/vllm#30515). Before it the graphs are
-#   captured after the KV cache is allocated and come out of the (1 - utilization) margin.
+GRAPH_PROFILE_FROM = (0, 20, 0)      # vLLM v0.20.0: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+#   defaults to 1 (vllm/envs.py of v0.20.0; "0" in v0.19.1), and gpu_worker subtracts the
+#   estimate from the KV budget (its log line says "default since v0.21.0", but the v0.20.0
+#   wheel already defaults it on). Before it the graphs are captured after the KV cache is
+#   allocated and come out of the (1 - utilization) margin (v0.19.1 logs the estimate and
+#   advises raising the utilization by estimate / total to keep the KV size).
+TRITON_SAMPLER_FROM = (0, 17, 0)     # vLLM v0.17.0: apply_top_k_top_p runs the Triton
+#   top-k/top-p kernel (v1/sample/ops/topk_topp_triton.py) when Triton is present and the
+#   batch has at least 8 rows; v0.16.0 and earlier sort the logits (PyTorch-native path).
 
 # vLLM V1 (v0.8 to v0.28) profile run: `_dummy_run(max_num_batched_tokens)`, then
 # `_dummy_sampler_run` over `max_num_seqs` rows of full-vocabulary logits with temperature,
@@ -55,12 +60,31 @@ GRAPH_PROFILE_FROM = (0, 21, 0)      # vLLM v0.21.0: VLLM_MEMORY_PROFILER_ESTIMA
 # results.md, vLLM 0.11.0). With FlashInfer's sampler (logged "Using FlashInfer for top-p &
 # top-k sampling") the sort is skipped and the peak is lower; it is not modelled.
 SAMPLER_BYTES_PER_LOGIT = 38
+# vLLM v0.17.0+ Triton top-k/top-p (batch ≥ 8 rows): the caller's bf16 logits (2), their
+# float32 copy masked in place (4), the float32 softmax (4), the exponential noise q (4) and
+# probs / q (4) before the argmax: 18 B per logit element, plus the kernel's cached scratch
+# of min(next_pow2(min(SMs, rows)), SMs) rows of float32 vocabulary. This is read off the
+# v0.17–v0.19 code, not fitted: Qwen3-8B on one A100-40GB at v0.9.2 (sort) and v0.19.1
+# (Triton) logged 18.69 and 19.36 GiB available (dariustanrd/tokenkaki), 0.67 GiB apart
+# for 256 × 151,936 logits, which is 17–18 B per element.
+TRITON_SAMPLER_BYTES_PER_LOGIT = 18
+TRITON_SAMPLER_MIN_ROWS = 8
 ACTIVATION_BYTES = 2                 # activations stay 16-bit whatever the weight format
 # Non-torch memory the profile measures beyond the start-up snapshot (v0.9+ takes the
 # snapshot after the CUDA context exists, so the context is not in it): cuBLAS / cuBLASLt
 # workspaces and kernel-library scratch, 0.13-0.14 GiB on one H100 at tp 1 in every run of
 # llm-d/llm-d-benchmark's empirical-vllm-memory-results.md (vLLM 0.11.0).
 NON_TORCH_BASE_BYTES = int(0.13 * GIB)
+# vLLM v0.8.x V1 worker (gpu_worker.determine_available_memory before v0.9.0): the non-torch
+# term is everything CUDA reports in use at the end of the profile run minus torch's current
+# allocation, so the process's CUDA context (and the allocator's cuBLAS / NCCL state) is
+# charged too. v0.9.0 moved to a MemorySnapshot taken at init, after the context exists, so
+# from v0.9.0 the context is outside the non-torch growth. The context is what one vLLM
+# process holds before loading anything: 79.18 − 78.57 = 0.61 GiB on one H100 ("free
+# 78.57/79.18 GiB at start", llm-d/llm-d-benchmark empirical-vllm-memory-results.md, vLLM
+# 0.11.0, the rows that also fed NON_TORCH_BASE_BYTES).
+CONTEXT_IN_NON_TORCH_BEFORE = (0, 9, 0)
+CUDA_CONTEXT_BYTES = int(0.61 * GIB)
 # With a communicator (tp, EP or context parallel wider than 1) NCCL's buffers and vLLM's
 # custom all-reduce IPC buffers appear on first use in the profile run: the same study
 # measured 0.54-0.55 GiB non-torch at tp 2 (Qwen3-32B, Llama-3.3-70B-FP8), 0.41 GiB above
@@ -184,7 +208,8 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
                 checkpoint_bytes: float, max_tokens: int, mode_name: str, snap,
                 hardware: str, experts_per_rank: int, shards: int, redundant: int, ep: int,
                 mamba_mode: str, num_spec: int, missing, engine_version: str = "0.31.0",
-                max_num_seqs: int = 256, ep_on: bool = False) -> MemoryPlan:
+                max_num_seqs: int = 256, ep_on: bool = False,
+                sm_count: int = 132) -> MemoryPlan:
     """Resolve the memory coefficient names (R17 via ``missing``) and the static figures.
 
     ``engine_version`` selects the recipe (``memory_rules``); the vLLM-measured figures
@@ -224,9 +249,11 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
             pages.append((k.recurrent.kind, k.count, k.recurrent.page_bytes))
     rules = memory_rules(engine_version)
     per_token = _profile_live_bytes_per_token(model, kinds, tp=tp, ep=ep if ep_on else 1)
-    sampler = max_num_seqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    sampler = _sampler_bytes(rules, max_num_seqs, model.vocab_size, sm_count)
     communicator = tp > 1 or moe_group > 1 or pcp > 1 or dcp > 1
     non_torch = NON_TORCH_BASE_BYTES
+    if rules.version < CONTEXT_IN_NON_TORCH_BEFORE:
+        non_torch += CUDA_CONTEXT_BYTES       # v0.8.x: total − free − torch (module notes)
     if communicator:
         # vLLM v0.8+: no NCCL or custom all-reduce buffers exist at width 1 (no group is
         # initialised with a peer), so none are charged at tp 1.
@@ -248,6 +275,17 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
                       mamba_mode, num_spec, rules, int(loaded), int(per_token), int(sampler),
                       model.hidden_size, int(non_torch), graph_modes,
                       _attention_windows(kinds))
+
+
+def _sampler_bytes(rules: VllmMemoryRules, rows: int, vocab: int, sm_count: int) -> int:
+    """Peak bytes of vLLM's dummy sampler run over ``rows`` × ``vocab`` logits (v0.8+ V1
+    ``_dummy_sampler_run``: temperature 0.5, top-p 0.9, top-k vocab − 1, so top-k/top-p
+    always runs): the sort path up to v0.16, the Triton kernel from v0.17.0 (8+ rows)."""
+    if rules.version >= TRITON_SAMPLER_FROM and rows >= TRITON_SAMPLER_MIN_ROWS:
+        programs = min(max(sm_count, 1), rows)
+        scratch_rows = min(1 << (programs - 1).bit_length(), max(sm_count, 1))
+        return rows * vocab * TRITON_SAMPLER_BYTES_PER_LOGIT + scratch_rows * vocab * 4
+    return rows * vocab * SAMPLER_BYTES_PER_LOGIT
 
 
 def _attention_windows(kinds: tuple[KindPlan, ...]) -> tuple[tuple[int, int], ...]:

@@ -611,10 +611,21 @@ def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
         roles = ", ".join(p.role for p in pools)
         raise Refusal("R3", f"the deployment has {len(pools)} pools ({roles}); build one "
                       "kernel per pool with jkernel.open_pool(bundle, role)", field="pools")
-    return Kernel(resolve(inputs), **kw)
+    return _started(Kernel(resolve(inputs), **kw))
+
+
+def _started(k: Kernel) -> Kernel:
+    """``k``, or the refusal vLLM would stop at start-up with: no KV page left, or a stated
+    max_model_len the cache cannot hold (:func:`jkernel.memory.start_refusal`). Asked by the
+    document entry points only: ``new`` keeps memory.md §5's pages = max(0, …) for the
+    spec's vectors (a departure the spec does not list; vLLM v0.31.0 refuses)."""
+    engine = getattr(k.deployment(), "engine", None)
+    _memory.check_start(k, max_model_len=int(getattr(engine, "max_model_len", 0) or 0),
+                        pool=f"pools[{k.inputs.pool_index}]")
+    return k
 
 
 def open_pool(bundle: Any, pool: int | str, repos: Repos | None = None, **kw) -> Kernel:
     """The kernel of one pool, named by its role (``prefill``, ``decode``) or index."""
     _entry()
-    return Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw)
+    return _started(Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw))

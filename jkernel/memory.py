@@ -30,7 +30,8 @@ from .plan import KindPlan, Plan
 
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
            "sequence_variable_bytes", "sequence_fixed_bytes", "kv_cache_pages",
-           "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version"]
+           "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version",
+           "start_refusal", "check_start"]
 
 GIB = 2 ** 30
 
@@ -460,3 +461,100 @@ def kv_cache_pages(memory_bytes: float, utilization: float, fixed_total: int,
     if page_bytes <= 0:
         return 0
     return max(0, math.floor((memory_bytes * utilization - fixed_total) / page_bytes))
+
+
+# -- the engine's start-up refusal -----------------------------------------------------------
+
+def _longest_fitting_request(k, pages: int) -> int:
+    """Longest request (tokens) whose pages fit ``pages``: binary search on the kernel's
+    own sequence sizing (vLLM ``estimate_max_model_len`` searches the same way)."""
+    page = k.page_bytes()
+    fixed = -(-int(k.sequence_fixed_bytes()) // page) if page > 0 else 0
+
+    def fits(n: int) -> bool:
+        return -(-k.sequence_variable_bytes(n) // page) + fixed <= pages
+
+    if page <= 0 or not fits(1):
+        return 0
+    lo, hi = 1, max(1, pages) * max(k.plan.block_size, 1) * max(k.plan.dcp, 1) + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = None,
+                  what: str = "max_model_len"):
+    """Why vLLM would not start this pool, as a :class:`~jkernel.Refusal` (code ``FIT``),
+    or None when it would.
+
+    vLLM v1 (``kv_cache_utils._check_enough_kv_cache_memory``, v0.8 to v0.31) stops the
+    engine when the memory left for the KV cache after the start-up profile is not positive
+    (it names ``gpu_memory_utilization`` as the setting to raise), and when one request of
+    ``max_model_len`` tokens needs more KV cache than is left (it gives the needed and the
+    available GiB and its estimate of the longest length that would fit). jkernel asks the
+    same of its own figures: no whole KV page left, or fewer pages than one request of
+    ``max_model_len`` (when given) occupies. ``what`` names that length in the message
+    (``max_model_len`` for a deployment, the workload's request length for the planner);
+    ``pool`` is the pool's document path, under which the refusal names its field.
+
+    The spec's memory recipe stays as it is (memory.md §5: ``pages = max(0, …)``; its
+    vectors build pools whose fixed bytes overflow the budget): this refusal is asked for by
+    the entry points that start an engine from documents (``jkernel.open`` /
+    ``open_pool``, the replay, the planner), not by ``new`` or ``kv_cache_pages``. The spec
+    lists no refusal for it (resolution.md §13); vLLM v0.31.0 refuses, so jkernel does
+    (README precedence rule 2)."""
+    from .errors import Refusal
+
+    gib = 2.0 ** 30
+    util = float(k.settings["gpu_memory_utilization"])
+    device = float(k.device_memory_bytes())
+    budget = device * util
+    fb = k.fixed_bytes()
+    fixed = fb.total()
+    page = int(k.page_bytes())
+    pages = int(k.kv_cache_pages())
+    avail = budget - fixed
+    if page > 0 and pages <= 0:
+        parts = (f"weights {fb.weights / gib:.2f}, activation peak "
+                 f"{fb.activation_peak / gib:.2f}, CUDA graphs {fb.cuda_graph / gib:.2f}, "
+                 f"buffers {fb.comm_buffers / gib:.2f}")
+        if avail <= 0:
+            left = "no memory is left for the KV cache blocks"
+        else:
+            left = (f"the {avail / gib:.3f} GiB left is less than one KV page of {page:,} B")
+        return Refusal(
+            "FIT", f"fixed bytes {fixed / gib:.2f} GiB per rank ({parts}) exceed the memory "
+            f"budget {budget / gib:.2f} GiB (gpu_memory_utilization {util:g} of "
+            f"{device / gib:.2f} GiB) or leave no whole page: {left}. vLLM would not start "
+            "the engine; raise gpu_memory_utilization or spread the model over more GPUs",
+            field=None if pool is None else f"{pool}.engine.gpu_memory_utilization")
+    if max_model_len and page > 0:
+        seq_fixed = -(-int(k.sequence_fixed_bytes()) // page)
+        need = -(-k.sequence_variable_bytes(int(max_model_len)) // page) + seq_fixed
+        if need > pages:
+            longest = _longest_fitting_request(k, pages)
+            hint = (f"; the longest request the cache holds is about {longest:,} tokens"
+                    if longest > 0 else "")
+            subject = (f"max_model_len {int(max_model_len)}" if what == "max_model_len"
+                       else f"{what} of {int(max_model_len)} tokens")
+            lower = "max_model_len" if what == "max_model_len" else "the request length"
+            return Refusal(
+                "FIT", f"{subject} needs {need} KV pages ({need * page / gib:.2f} GiB per "
+                f"rank) but only {pages} fit ({pages * page / gib:.2f} GiB){hint}; vLLM "
+                f"would not start (lower {lower} or raise gpu_memory_utilization)",
+                field=None if pool is None else
+                (f"{pool}.engine.max_model_len" if what == "max_model_len" else pool))
+    return None
+
+
+def check_start(k, *, max_model_len: int | None = None, pool: str | None = None,
+                what: str = "max_model_len") -> None:
+    """Raise :func:`start_refusal`'s refusal when there is one. ``pool`` is the document
+    path of the pool (``"pools[0]"``) the refusal's field is named under."""
+    refusal = start_refusal(k, max_model_len=max_model_len, pool=pool, what=what)
+    if refusal is not None:
+        raise refusal

@@ -14,7 +14,9 @@ Two recipes, selected by the scenario's ``engine_version``:
   profile run over ``max_num_batched_tokens`` tokens plus the dummy sampler run over
   ``max_num_seqs`` rows, the non-torch memory that appeared since the start-up snapshot
   (cuBLAS workspaces; NCCL and custom all-reduce buffers only when a communicator exists),
-  and, from v0.21.0, the CUDA-graph estimate. The budget is the total CUDA reports
+  and, from v0.20.0, the CUDA-graph estimate. The dummy sampler sorts the logits up to v0.16
+  and runs the Triton top-k/top-p kernel from v0.17.0; before v0.9.0 the non-torch term also
+  holds the CUDA context. The budget is the total CUDA reports
   (``torch.cuda.mem_get_info``), the chip's ``ReportedMemoryGiB``. Each rule below names the
   version it follows; ``tests/data/kv_capacity.csv`` holds the engine logs they are checked
   against.
@@ -93,11 +95,15 @@ CUDA_CONTEXT_BYTES = int(0.61 * GIB)
 # 358,612,992 B at 2 ranks, 411,041,792 B at 4 and wider; the registry's
 # nccl_communicator_bytes_<N>rank restates them).
 NCCL_BYTES_BY_WIDTH = ((2, int(0.41 * GIB)), (4, int(0.41 * GIB) + 411_041_792 - 358_612_992))
-# From v0.21.0 the start-up subtracts its CUDA-graph estimate: it captures the first two
+# From v0.20.0 the start-up subtracts its CUDA-graph estimate: it captures the first two
 # graphs of each mode with a dummy KV cache and extrapolates. The logged estimates are
 # 0.1-0.4 GiB per rank for the default capture list (gpustack/runner#251 0.36 GiB at tp 2;
 # noonghunna/club-3090#127 0.17 GiB at tp 4): 0.15 GiB is charged per captured mode family
-# (FULL and PIECEWISE count one each; NONE captures nothing).
+# (FULL and PIECEWISE count one each; NONE captures nothing). The estimate depends on the
+# model and the capture list, which this constant does not follow: the v0.19.1 start of
+# Qwen3-8B on an A100-40GB logged 2.35 GiB (51 PIECEWISE + 35 FULL graphs; not charged at
+# that version), while the v0.24-v0.28 rows of tests/data/kv_capacity.csv on L40S and L4
+# balance with 0.1-0.8 GiB. A known limit of the pre-0.29 rules.
 GRAPH_ESTIMATE_BYTES_PER_MODE = int(0.15 * GIB)
 # vLLM v0.10.1+ MXFP4 MoE layout (gpt-oss; the Hopper/Blackwell triton and FlashInfer
 # backends): the packed 4-bit experts carry one e8m0 scale byte per 32 elements and each
@@ -130,7 +136,7 @@ class VllmMemoryRules:
     version: tuple[int, int, int]
     spec_recipe: bool          # v0.29.0+: memory.md §4–§5 with registry magnitudes
     reported_total: bool       # budget against what CUDA reports (v0.8+ V1 worker)
-    graphs_subtracted: bool    # v0.21.0+: CUDA-graph estimate charged before the KV cache
+    graphs_subtracted: bool    # v0.20.0+: CUDA-graph estimate charged before the KV cache
 
 
 def memory_rules(engine_version: str) -> VllmMemoryRules:
@@ -358,7 +364,7 @@ def fixed_bytes(mem: MemoryPlan, params) -> MemoryBreakdown:
     v0.29.0+: the spec's breakdown (memory.md §4) from registry magnitudes. Earlier: what
     vLLM's V1 start-up profile subtracts (module docstring): ``activation_peak`` is the
     profile run's torch peak, ``comm_buffers`` the non-torch memory, ``cuda_graph`` the
-    graph estimate from v0.21.0 and 0 before it (graphs are captured after the KV cache
+    graph estimate from v0.20.0 and 0 before it (graphs are captured after the KV cache
     then, from the margin ``gpu_memory_utilization`` leaves).
     """
     if not mem.rules.spec_recipe:
@@ -376,7 +382,7 @@ def fixed_bytes(mem: MemoryPlan, params) -> MemoryBreakdown:
 
 def _vllm_fixed_bytes(mem: MemoryPlan) -> MemoryBreakdown:
     """vLLM V1 ``determine_available_memory`` (v0.8 to v0.28): weights as loaded, the profile
-    run's torch peak, non-torch growth, and from v0.21.0 the CUDA-graph estimate."""
+    run's torch peak, non-torch growth, and from v0.20.0 the CUDA-graph estimate."""
     tokens = mem.max_num_batched_tokens
     forward = tokens * mem.activation_bytes_per_token
     # The sampler run follows the forward with the final hidden states still alive.

@@ -313,3 +313,25 @@ def test_out_of_range_utilization_and_refused_block_size_name_the_setting():
     with pytest.raises(jkernel.Refusal) as exc:
         jkernel.open(_bundle_with(row, block_size=7), repos)
     assert "block_size" in str(exc.value)
+
+
+@pytest.mark.parametrize("row_id, tp, engine, field, words", [
+    # Llama-3.3-70B-FP8 at tp 1 on one H100: "Available KV cache memory: -1.44 GiB" and
+    # "No available memory for the cache blocks" (llm-d empirical-vllm-memory-results.md,
+    # vLLM 0.11.0, its failed run 4).
+    ("llmd-llama33-70b-fp8-h100-tp2", 1, {}, "gpu_memory_utilization",
+     "no memory is left for the KV cache"),
+    # Qwen3-32B at max_model_len 32000 on one H100: 4.45 GiB available, one 32,000-token
+    # request needs 7.8 GiB; the engine failed to start (the same study's failed Qwen3-32B run).
+    ("llmd-qwen3-32b-h100-tp1", 1, {"max_model_len": 32000}, "max_model_len",
+     "max_model_len 32000 needs"),
+])
+def test_the_starts_vllm_refused_are_refused(row_id, tp, engine, field, words):
+    """Two starts the engine refused in the same study whose successful starts are rows of
+    the table: jkernel.open refuses them too, naming the setting."""
+    row = next(r for r in _rows() if r["id"] == row_id) | {"tp": str(tp)}
+    repos = jkernel.Repos(catalog=CATALOG, registry=CATALOG)
+    with pytest.raises(jkernel.Refusal) as exc:
+        jkernel.open(_bundle_with(row, **engine), repos)
+    assert exc.value.code == "FIT" and exc.value.field == f"pools[0].engine.{field}"
+    assert words in exc.value.reason

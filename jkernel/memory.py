@@ -33,7 +33,7 @@ from .plan import KindPlan, Plan
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
            "sequence_variable_bytes", "sequence_fixed_bytes", "kv_cache_pages",
            "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version",
-           "start_refusal", "check_start"]
+           "start_refusal", "check_start", "rule_summary"]
 
 GIB = 2 ** 30
 
@@ -394,6 +394,23 @@ def _vllm_fixed_bytes(mem: MemoryPlan) -> MemoryBreakdown:
                            activation_peak=int(activation), cuda_graph=int(graphs),
                            eplb_redundant=mem.eplb_redundant_bytes,
                            comm_buffers=int(mem.non_torch_bytes))
+
+
+def rule_summary(mem: MemoryPlan) -> dict:
+    """Which version-selected rules a pool's fixed bytes follow, by name (for ``jkernel
+    memory``): the recipe, the dummy sampler's path, whether the CUDA-graph estimate and the
+    CUDA context are charged, and the device total used."""
+    r = mem.rules
+    if r.spec_recipe:
+        return {"recipe": "spec", "sampler": None, "cuda_graph_charged": True,
+                "cuda_context_charged": None, "device_total": "datasheet capacity"}
+    triton = r.version >= TRITON_SAMPLER_FROM
+    return {"recipe": "vllm-profile",
+            "sampler": "triton top-k/top-p (v0.17.0+)" if triton
+            else "sort top-k/top-p (v0.16 and earlier)",
+            "cuda_graph_charged": r.graphs_subtracted,
+            "cuda_context_charged": r.version < CONTEXT_IN_NON_TORCH_BEFORE,
+            "device_total": "CUDA-reported total"}
 
 
 def device_memory_bytes(mem: MemoryPlan, chip) -> float:

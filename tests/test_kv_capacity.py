@@ -20,6 +20,7 @@ whose error is reported and bound separately from the whole table's.
 from __future__ import annotations
 
 import csv
+import json
 import dataclasses
 import math
 import statistics
@@ -335,3 +336,24 @@ def test_the_starts_vllm_refused_are_refused(row_id, tp, engine, field, words):
         jkernel.open(_bundle_with(row, **engine), repos)
     assert exc.value.code == "FIT" and exc.value.field == f"pools[0].engine.{field}"
     assert words in exc.value.reason
+
+
+def test_jkernel_memory_shows_the_comparison_terms(capsys):
+    """Issue 12 item 3: `jkernel memory` prints the terms the table compares (weights,
+    activation peak, graphs, buffers, what remains, pages, tokens), the version rules that
+    chose them, and vLLM's Maximum concurrency for the deployment's max_model_len."""
+    from jkernel.cli import main
+
+    if not (CATALOG / "scenarios" / "qwen3-14b-h100-tp1.yaml").is_file():
+        pytest.skip("shipped scenario qwen3-14b-h100-tp1 is missing")
+    assert main(["memory", "qwen3-14b-h100-tp1"]) == 0
+    out = capsys.readouterr().out
+    for words in ("vLLM v0.23.0", "triton top-k/top-p", "CUDA-graph estimate charged",
+                  "− weights", "− activation peak", "− CUDA graphs", "− buffers",
+                  "remains for KV", "KV pages per rank", "KV tokens per rank",
+                  "Maximum concurrency for 40,960 tokens per request"):
+        assert words in out, words
+    assert main(["memory", "qwen3-14b-h100-tp1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["rules_applied"]["sampler"].startswith("triton")
+    assert row["kv_tokens"] == row["kv_pages"] * row["block_size"]

@@ -509,6 +509,11 @@ def _longest_fitting_request(k, pages: int) -> int:
     return lo
 
 
+def _bundle_file(k) -> str | None:
+    """The bundle file the kernel's documents came from, when they came from one."""
+    return getattr(getattr(k, "inputs", None), "bundle_file", None)
+
+
 def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = None,
                   what: str = "max_model_len"):
     """Why vLLM would not start this pool, as a :class:`~jkernel.Refusal` (code ``FIT``),
@@ -545,16 +550,18 @@ def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = Non
         parts = (f"weights {fb.weights / gib:.2f}, activation peak "
                  f"{fb.activation_peak / gib:.2f}, CUDA graphs {fb.cuda_graph / gib:.2f}, "
                  f"buffers {fb.comm_buffers / gib:.2f}")
+        where = (f"the memory budget {budget / gib:.2f} GiB (gpu_memory_utilization "
+                 f"{util:g} of {device / gib:.2f} GiB)")
         if avail <= 0:
-            left = "no memory is left for the KV cache blocks"
+            state = (f"exceed {where}: no memory is left for the KV cache blocks")
         else:
-            left = (f"the {avail / gib:.3f} GiB left is less than one KV page of {page:,} B")
+            state = (f"leave {avail / gib:.3f} GiB of {where}, less than one KV page of "
+                     f"{page:,} B: no KV cache block fits")
         return Refusal(
-            "FIT", f"fixed bytes {fixed / gib:.2f} GiB per rank ({parts}) exceed the memory "
-            f"budget {budget / gib:.2f} GiB (gpu_memory_utilization {util:g} of "
-            f"{device / gib:.2f} GiB) or leave no whole page: {left}. vLLM would not start "
-            "the engine; raise gpu_memory_utilization or spread the model over more GPUs",
-            field=None if pool is None else f"{pool}.engine.gpu_memory_utilization")
+            "FIT", f"fixed bytes {fixed / gib:.2f} GiB per rank ({parts}) {state}. vLLM "
+            "would not start the engine; raise gpu_memory_utilization or spread the model "
+            "over more GPUs", field=None if pool is None
+            else f"{pool}.engine.gpu_memory_utilization", file=_bundle_file(k))
     if max_model_len and page > 0:
         seq_fixed = -(-int(k.sequence_fixed_bytes()) // page)
         need = -(-k.sequence_variable_bytes(int(max_model_len)) // page) + seq_fixed
@@ -570,7 +577,8 @@ def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = Non
                 f"rank) but only {pages} fit ({pages * page / gib:.2f} GiB){hint}; vLLM "
                 f"would not start (lower {lower} or raise gpu_memory_utilization)",
                 field=None if pool is None else
-                (f"{pool}.engine.max_model_len" if what == "max_model_len" else pool))
+                (f"{pool}.engine.max_model_len" if what == "max_model_len" else pool),
+                file=_bundle_file(k))
     return None
 
 

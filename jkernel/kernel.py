@@ -615,10 +615,17 @@ def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
 
 
 def _started(k: Kernel) -> Kernel:
-    """``k``, or the refusal vLLM would stop at start-up with: no KV page left, or a stated
-    max_model_len the cache cannot hold (:func:`jkernel.memory.start_refusal`). Asked by the
-    document entry points only: ``new`` keeps memory.md §5's pages = max(0, …) for the
-    spec's vectors (a departure the spec does not list; vLLM v0.31.0 refuses)."""
+    """``k``, or the refusal vLLM would stop at start-up with (:func:`jkernel.memory.
+    start_refusal`): no KV page left, or a stated max_model_len the cache cannot hold,
+    when the bundle states its gpu_memory_utilization.
+
+    A departure from the spec, which lists no such refusal for ``open`` (resolution.md §1,
+    §13) and whose vectors open pools whose fixed bytes overflow the budget at the
+    utilization jkernel assumes when none is stated (D15, 0.92): those keep memory.md §5's
+    pages = max(0, …) and are priced. A budget the bundle states is held to vLLM v0.31.0's
+    start-up check (README precedence rule 2). ``new`` never refuses here."""
+    if k.assumption("gpu_memory_utilization") is not None:
+        return k
     engine = getattr(k.deployment(), "engine", None)
     _memory.check_start(k, max_model_len=int(getattr(engine, "max_model_len", 0) or 0),
                         pool=f"pools[{k.inputs.pool_index}]")

@@ -357,3 +357,17 @@ def test_jkernel_memory_shows_the_comparison_terms(capsys):
     row = json.loads(capsys.readouterr().out)
     assert row["rules_applied"]["sampler"].startswith("triton")
     assert row["kv_tokens"] == row["kv_pages"] * row["block_size"]
+
+
+def test_an_assumed_utilization_is_priced_not_refused():
+    """The spec's vectors open pools that overflow the budget at the utilization jkernel
+    assumes when none is stated (D15): open prices them with 0 pages (memory.md §5); only a
+    stated utilization is held to vLLM's start-up check."""
+    row = next(r for r in _rows() if r["id"] == "llmd-llama33-70b-fp8-h100-tp2") | {
+        "tp": "1", "quantization": ""}                      # 131 GiB of bf16 weights on 80
+    sc, dep = bundle(row)
+    del dep["pools"][0]["engine"]["gpu_memory_utilization"]
+    k = jkernel.open((sc, dep), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
+    assert k.assumption("gpu_memory_utilization") is not None
+    assert k.kv_cache_pages() == 0
+    assert M.start_refusal(k).code == "FIT"              # the replay and planner still ask

@@ -33,7 +33,7 @@ from .plan import KindPlan, Plan
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
            "sequence_variable_bytes", "sequence_fixed_bytes", "kv_cache_pages",
            "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version",
-           "start_refusal", "check_start", "rule_summary"]
+           "start_refusal", "check_start", "rule_summary", "request_pages"]
 
 GIB = 2 ** 30
 
@@ -563,8 +563,7 @@ def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = Non
             "over more GPUs", field=None if pool is None
             else f"{pool}.engine.gpu_memory_utilization", file=_bundle_file(k))
     if max_model_len and page > 0:
-        seq_fixed = -(-int(k.sequence_fixed_bytes()) // page)
-        need = -(-k.sequence_variable_bytes(int(max_model_len)) // page) + seq_fixed
+        need = request_pages(k, int(max_model_len))
         if need > pages:
             longest = _longest_fitting_request(k, pages)
             hint = (f"; the longest request the cache holds is about {longest:,} tokens"
@@ -580,6 +579,21 @@ def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = Non
                 (f"{pool}.engine.max_model_len" if what == "max_model_len" else pool),
                 file=_bundle_file(k))
     return None
+
+
+def request_pages(k, tokens: int) -> int:
+    """KV pages one running request of ``tokens`` tokens holds on ``k``'s pool (per rank):
+    ``ceil(sequence_variable_bytes(tokens) / page)`` plus its recurrent state,
+    ``ceil(sequence_fixed_bytes() / page)`` (memory.md §5: each running sequence's fixed
+    state is charged against the same pages; 0 unless the model has recurrent layers).
+    0 for a pool whose page holds nothing. The one fit rule of a request: the start
+    refusal, the planner and the replay's scheduler
+    (:meth:`jkernel.replay.scheduler.PoolLimits.request_pages`, its cached form) read it."""
+    page = int(k.page_bytes())
+    if page <= 0:
+        return 0
+    return (-(-int(k.sequence_variable_bytes(int(tokens))) // page)
+            + -(-int(k.sequence_fixed_bytes()) // page))
 
 
 def check_start(k, *, max_model_len: int | None = None, pool: str | None = None,

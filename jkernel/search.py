@@ -320,12 +320,9 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
 # ---------------------------------------------------------------------------------------
 
 def _request_pages(k, tokens: int) -> int:
-    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool: the replay's
-    rule (:meth:`jkernel.replay.scheduler.PoolLimits.request_pages`: KV pages plus a hybrid
-    model's recurrent state, memory.md §5); 0 for a pool whose page holds nothing."""
-    from .replay.scheduler import PoolLimits
-
-    return PoolLimits(k).request_pages(tokens) if k.page_bytes() > 0 else 0
+    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool
+    (:func:`jkernel.memory.request_pages`: KV pages plus a hybrid model's recurrent state)."""
+    return _memory.request_pages(k, tokens)
 
 
 _BASE: dict = {}

@@ -336,8 +336,8 @@ def _replicated_extra_bytes(kinds: tuple[KindPlan, ...], *, tp: int) -> int:
     their number. The plan records each GEMM's real per-rank share
     (``GemmPlan.vllm_rank_fraction``, the expected_s refinement); the spec's weights divide
     every dense GEMM by tp (memory.md §4.1), so the difference is added to what is loaded.
-    For DeepSeek-V3-shaped MLA (2112 × 7168 bf16 per layer, 61 layers) at tp 8 this is
-    1.5 GiB per rank."""
+    For Kimi-K2 at tp 8 (a bf16 2112 × 7168 projection in 61 layers, a 384 × 7168 gate in
+    60) this is 1.77 GiB per rank; for DeepSeek-V3's fp8 projection about 0.9 GiB."""
     if tp <= 1:
         return 0
     extra = 0.0

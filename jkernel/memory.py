@@ -277,6 +277,7 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
     loaded = weights + head_extra + _mxfp4_layout_extra_bytes(model, kinds,
                                                  experts_per_rank=experts_per_rank,
                                                  shards=shards)
+    loaded += _replicated_extra_bytes(kinds, tp=tp)
     return MemoryPlan(weights, redundant_bytes, act, "activation_scratch_floor_bytes", capture,
                       "engine_workspace_bytes", comm, max_tokens, h_act, tuple(pages),
                       mamba_mode, num_spec, rules, int(loaded), int(per_token), int(sampler),
@@ -323,6 +324,26 @@ def _mxfp4_layout_extra_bytes(model: ModelGraph, kinds: tuple[KindPlan, ...], *,
         packed = 3 * H * per_rank * 0.5                         # what the plan charges
         loaded = 3 * H * padded * (0.5 + 1.0 / MXFP4_BLOCK)
         extra += k.count * experts_per_rank * (loaded - packed)
+    return int(extra)
+
+
+def _replicated_extra_bytes(kinds: tuple[KindPlan, ...], *, tp: int) -> int:
+    """Bytes per rank vLLM loads beyond the spec's weights / tp for GEMMs it does not shard.
+
+    vLLM v0.8+ (to v0.28, the versions whose start-up this module follows): MLA's fused
+    q_a / kv_a projection (``fused_qkv_a_proj``, a ReplicatedLinear) and the MoE router gate
+    are whole on every TP rank, and QKVParallelLinear replicates KV heads when tp exceeds
+    their number. The plan records each GEMM's real per-rank share
+    (``GemmPlan.vllm_rank_fraction``, the expected_s refinement); the spec's weights divide
+    every dense GEMM by tp (memory.md §4.1), so the difference is added to what is loaded.
+    For Kimi-K2 at tp 8 (a bf16 2112 × 7168 projection in 61 layers, a 384 × 7168 gate in
+    60) this is 1.77 GiB per rank; for DeepSeek-V3's fp8 projection about 0.9 GiB."""
+    if tp <= 1:
+        return 0
+    extra = 0.0
+    for k in kinds:
+        for g in k.gemms:
+            extra += k.count * g.weight_bytes * max(0.0, g.vllm_rank_fraction - 1.0 / tp)
     return int(extra)
 
 

@@ -105,6 +105,7 @@ def _memory_row(k) -> dict:
                             "cuda_graph": fb.cuda_graph, "eplb_redundant": fb.eplb_redundant,
                             "comm_buffers": fb.comm_buffers, "total": fb.total()},
             "cuda_graph_charged": rules.spec_recipe or rules.graphs_subtracted,
+            "rules_applied": _mem.rule_summary(mem),
             "kv_bytes_per_token": k.kv_bytes_per_token(), "block_size": block,
             "page_bytes": page, "sequence_fixed_bytes": k.sequence_fixed_bytes(),
             "gpu_memory_bytes": device, "gpu_memory_utilization": util,
@@ -137,6 +138,12 @@ def _cmd_memory(args) -> int:
         fb = row["fixed_bytes"]
         print(_title(k))
         print(f"  rules        vLLM v{row['engine_version']}: {row['recipe']}")
+        applied = row["rules_applied"]
+        if applied["sampler"]:
+            context = "in" if applied["cuda_context_charged"] else "outside"
+            graphs = "charged" if applied["cuda_graph_charged"] else "not charged"
+            print(f"               sampler peak: {applied['sampler']}; CUDA-graph estimate "
+                  f"{graphs}; CUDA context {context} the non-torch term")
         print(f"  device       {row['gpu_memory_bytes']:>20,.0f} B  "
               f"{row['gpu_memory_bytes'] / gib:8.2f} GiB × utilization "
               f"{row['gpu_memory_utilization']:g}")

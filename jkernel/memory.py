@@ -14,7 +14,9 @@ Two recipes, selected by the scenario's ``engine_version``:
   profile run over ``max_num_batched_tokens`` tokens plus the dummy sampler run over
   ``max_num_seqs`` rows, the non-torch memory that appeared since the start-up snapshot
   (cuBLAS workspaces; NCCL and custom all-reduce buffers only when a communicator exists),
-  and, from v0.21.0, the CUDA-graph estimate. The budget is the total CUDA reports
+  and, from v0.20.0, the CUDA-graph estimate. The dummy sampler sorts the logits up to v0.16
+  and runs the Triton top-k/top-p kernel from v0.17.0; before v0.9.0 the non-torch term also
+  holds the CUDA context. The budget is the total CUDA reports
   (``torch.cuda.mem_get_info``), the chip's ``ReportedMemoryGiB``. Each rule below names the
   version it follows; ``tests/data/kv_capacity.csv`` holds the engine logs they are checked
   against.
@@ -30,7 +32,8 @@ from .plan import KindPlan, Plan
 
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
            "sequence_variable_bytes", "sequence_fixed_bytes", "kv_cache_pages",
-           "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version"]
+           "device_memory_bytes", "memory_rules", "max_concurrency", "parse_version",
+           "start_refusal", "check_start", "rule_summary", "request_pages"]
 
 GIB = 2 ** 30
 
@@ -38,10 +41,15 @@ GIB = 2 ** 30
 
 SPEC_RECIPE_FROM = (0, 29, 0)        # the spec's recipe (memory.md §4–§5): its registry
 #   magnitudes are the vLLM 0.29 rules pack's and its pins are declared at 0.29.0 / 0.31.0.
-GRAPH_PROFILE_FROM = (0, 21, 0)      # vLLM v0.21.0: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1
-#   by default ("CUDA graph memory profiling is enabled (default since v0.21.0)", gpu_worker
-#   log; the estimate was opt-in from vllm-project/vllm#30515). Before it the graphs are
-#   captured after the KV cache is allocated and come out of the (1 - utilization) margin.
+GRAPH_PROFILE_FROM = (0, 20, 0)      # vLLM v0.20.0: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+#   defaults to 1 (vllm/envs.py of v0.20.0; "0" in v0.19.1), and gpu_worker subtracts the
+#   estimate from the KV budget (its log line says "default since v0.21.0", but the v0.20.0
+#   wheel already defaults it on). Before it the graphs are captured after the KV cache is
+#   allocated and come out of the (1 - utilization) margin (v0.19.1 logs the estimate and
+#   advises raising the utilization by estimate / total to keep the KV size).
+TRITON_SAMPLER_FROM = (0, 17, 0)     # vLLM v0.17.0: apply_top_k_top_p runs the Triton
+#   top-k/top-p kernel (v1/sample/ops/topk_topp_triton.py) when Triton is present and the
+#   batch has at least 8 rows; v0.16.0 and earlier sort the logits (PyTorch-native path).
 
 # vLLM V1 (v0.8 to v0.28) profile run: `_dummy_run(max_num_batched_tokens)`, then
 # `_dummy_sampler_run` over `max_num_seqs` rows of full-vocabulary logits with temperature,
@@ -55,12 +63,31 @@ GRAPH_PROFILE_FROM = (0, 21, 0)      # vLLM v0.21.0: VLLM_MEMORY_PROFILER_ESTIMA
 # results.md, vLLM 0.11.0). With FlashInfer's sampler (logged "Using FlashInfer for top-p &
 # top-k sampling") the sort is skipped and the peak is lower; it is not modelled.
 SAMPLER_BYTES_PER_LOGIT = 38
+# vLLM v0.17.0+ Triton top-k/top-p (batch ≥ 8 rows): the caller's bf16 logits (2), their
+# float32 copy masked in place (4), the float32 softmax (4), the exponential noise q (4) and
+# probs / q (4) before the argmax: 18 B per logit element, plus the kernel's cached scratch
+# of min(next_pow2(min(SMs, rows)), SMs) rows of float32 vocabulary. This is read off the
+# v0.17–v0.19 code, not fitted: Qwen3-8B on one A100-40GB at v0.9.2 (sort) and v0.19.1
+# (Triton) logged 18.69 and 19.36 GiB available (dariustanrd/tokenkaki), 0.67 GiB apart
+# for 256 × 151,936 logits, which is 17–18 B per element.
+TRITON_SAMPLER_BYTES_PER_LOGIT = 18
+TRITON_SAMPLER_MIN_ROWS = 8
 ACTIVATION_BYTES = 2                 # activations stay 16-bit whatever the weight format
 # Non-torch memory the profile measures beyond the start-up snapshot (v0.9+ takes the
 # snapshot after the CUDA context exists, so the context is not in it): cuBLAS / cuBLASLt
 # workspaces and kernel-library scratch, 0.13-0.14 GiB on one H100 at tp 1 in every run of
 # llm-d/llm-d-benchmark's empirical-vllm-memory-results.md (vLLM 0.11.0).
 NON_TORCH_BASE_BYTES = int(0.13 * GIB)
+# vLLM v0.8.x V1 worker (gpu_worker.determine_available_memory before v0.9.0): the non-torch
+# term is everything CUDA reports in use at the end of the profile run minus torch's current
+# allocation, so the process's CUDA context (and the allocator's cuBLAS / NCCL state) is
+# charged too. v0.9.0 moved to a MemorySnapshot taken at init, after the context exists, so
+# from v0.9.0 the context is outside the non-torch growth. The context is what one vLLM
+# process holds before loading anything: 79.18 − 78.57 = 0.61 GiB on one H100 ("free
+# 78.57/79.18 GiB at start", llm-d/llm-d-benchmark empirical-vllm-memory-results.md, vLLM
+# 0.11.0, the rows that also fed NON_TORCH_BASE_BYTES).
+CONTEXT_IN_NON_TORCH_BEFORE = (0, 9, 0)
+CUDA_CONTEXT_BYTES = int(0.61 * GIB)
 # With a communicator (tp, EP or context parallel wider than 1) NCCL's buffers and vLLM's
 # custom all-reduce IPC buffers appear on first use in the profile run: the same study
 # measured 0.54-0.55 GiB non-torch at tp 2 (Qwen3-32B, Llama-3.3-70B-FP8), 0.41 GiB above
@@ -68,11 +95,15 @@ NON_TORCH_BASE_BYTES = int(0.13 * GIB)
 # 358,612,992 B at 2 ranks, 411,041,792 B at 4 and wider; the registry's
 # nccl_communicator_bytes_<N>rank restates them).
 NCCL_BYTES_BY_WIDTH = ((2, int(0.41 * GIB)), (4, int(0.41 * GIB) + 411_041_792 - 358_612_992))
-# From v0.21.0 the start-up subtracts its CUDA-graph estimate: it captures the first two
+# From v0.20.0 the start-up subtracts its CUDA-graph estimate: it captures the first two
 # graphs of each mode with a dummy KV cache and extrapolates. The logged estimates are
 # 0.1-0.4 GiB per rank for the default capture list (gpustack/runner#251 0.36 GiB at tp 2;
 # noonghunna/club-3090#127 0.17 GiB at tp 4): 0.15 GiB is charged per captured mode family
-# (FULL and PIECEWISE count one each; NONE captures nothing).
+# (FULL and PIECEWISE count one each; NONE captures nothing). The estimate depends on the
+# model and the capture list, which this constant does not follow: the v0.19.1 start of
+# Qwen3-8B on an A100-40GB logged 2.35 GiB (51 PIECEWISE + 35 FULL graphs; not charged at
+# that version), while the v0.24-v0.28 rows of tests/data/kv_capacity.csv on L40S and L4
+# balance with 0.1-0.8 GiB. A known limit of the pre-0.29 rules.
 GRAPH_ESTIMATE_BYTES_PER_MODE = int(0.15 * GIB)
 # vLLM v0.10.1+ MXFP4 MoE layout (gpt-oss; the Hopper/Blackwell triton and FlashInfer
 # backends): the packed 4-bit experts carry one e8m0 scale byte per 32 elements and each
@@ -105,7 +136,7 @@ class VllmMemoryRules:
     version: tuple[int, int, int]
     spec_recipe: bool          # v0.29.0+: memory.md §4–§5 with registry magnitudes
     reported_total: bool       # budget against what CUDA reports (v0.8+ V1 worker)
-    graphs_subtracted: bool    # v0.21.0+: CUDA-graph estimate charged before the KV cache
+    graphs_subtracted: bool    # v0.20.0+: CUDA-graph estimate charged before the KV cache
 
 
 def memory_rules(engine_version: str) -> VllmMemoryRules:
@@ -184,7 +215,8 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
                 checkpoint_bytes: float, max_tokens: int, mode_name: str, snap,
                 hardware: str, experts_per_rank: int, shards: int, redundant: int, ep: int,
                 mamba_mode: str, num_spec: int, missing, engine_version: str = "0.31.0",
-                max_num_seqs: int = 256, ep_on: bool = False) -> MemoryPlan:
+                max_num_seqs: int = 256, ep_on: bool = False,
+                sm_count: int = 132) -> MemoryPlan:
     """Resolve the memory coefficient names (R17 via ``missing``) and the static figures.
 
     ``engine_version`` selects the recipe (``memory_rules``); the vLLM-measured figures
@@ -224,9 +256,11 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
             pages.append((k.recurrent.kind, k.count, k.recurrent.page_bytes))
     rules = memory_rules(engine_version)
     per_token = _profile_live_bytes_per_token(model, kinds, tp=tp, ep=ep if ep_on else 1)
-    sampler = max_num_seqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    sampler = _sampler_bytes(rules, max_num_seqs, model.vocab_size, sm_count)
     communicator = tp > 1 or moe_group > 1 or pcp > 1 or dcp > 1
     non_torch = NON_TORCH_BASE_BYTES
+    if rules.version < CONTEXT_IN_NON_TORCH_BEFORE:
+        non_torch += CUDA_CONTEXT_BYTES       # v0.8.x: total − free − torch (module notes)
     if communicator:
         # vLLM v0.8+: no NCCL or custom all-reduce buffers exist at width 1 (no group is
         # initialised with a peer), so none are charged at tp 1.
@@ -243,11 +277,23 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
     loaded = weights + head_extra + _mxfp4_layout_extra_bytes(model, kinds,
                                                  experts_per_rank=experts_per_rank,
                                                  shards=shards)
+    loaded += _replicated_extra_bytes(kinds, tp=tp)
     return MemoryPlan(weights, redundant_bytes, act, "activation_scratch_floor_bytes", capture,
                       "engine_workspace_bytes", comm, max_tokens, h_act, tuple(pages),
                       mamba_mode, num_spec, rules, int(loaded), int(per_token), int(sampler),
                       model.hidden_size, int(non_torch), graph_modes,
                       _attention_windows(kinds))
+
+
+def _sampler_bytes(rules: VllmMemoryRules, rows: int, vocab: int, sm_count: int) -> int:
+    """Peak bytes of vLLM's dummy sampler run over ``rows`` × ``vocab`` logits (v0.8+ V1
+    ``_dummy_sampler_run``: temperature 0.5, top-p 0.9, top-k vocab − 1, so top-k/top-p
+    always runs): the sort path up to v0.16, the Triton kernel from v0.17.0 (8+ rows)."""
+    if rules.version >= TRITON_SAMPLER_FROM and rows >= TRITON_SAMPLER_MIN_ROWS:
+        programs = min(max(sm_count, 1), rows)
+        scratch_rows = min(1 << (programs - 1).bit_length(), max(sm_count, 1))
+        return rows * vocab * TRITON_SAMPLER_BYTES_PER_LOGIT + scratch_rows * vocab * 4
+    return rows * vocab * SAMPLER_BYTES_PER_LOGIT
 
 
 def _attention_windows(kinds: tuple[KindPlan, ...]) -> tuple[tuple[int, int], ...]:
@@ -278,6 +324,26 @@ def _mxfp4_layout_extra_bytes(model: ModelGraph, kinds: tuple[KindPlan, ...], *,
         packed = 3 * H * per_rank * 0.5                         # what the plan charges
         loaded = 3 * H * padded * (0.5 + 1.0 / MXFP4_BLOCK)
         extra += k.count * experts_per_rank * (loaded - packed)
+    return int(extra)
+
+
+def _replicated_extra_bytes(kinds: tuple[KindPlan, ...], *, tp: int) -> int:
+    """Bytes per rank vLLM loads beyond the spec's weights / tp for GEMMs it does not shard.
+
+    vLLM v0.8+ (to v0.28, the versions whose start-up this module follows): MLA's fused
+    q_a / kv_a projection (``fused_qkv_a_proj``, a ReplicatedLinear) and the MoE router gate
+    are whole on every TP rank, and QKVParallelLinear replicates KV heads when tp exceeds
+    their number. The plan records each GEMM's real per-rank share
+    (``GemmPlan.vllm_rank_fraction``, the expected_s refinement); the spec's weights divide
+    every dense GEMM by tp (memory.md §4.1), so the difference is added to what is loaded.
+    For Kimi-K2 at tp 8 (a bf16 2112 × 7168 projection in 61 layers, a 384 × 7168 gate in
+    60) this is 1.77 GiB per rank; for DeepSeek-V3's fp8 projection about 0.9 GiB."""
+    if tp <= 1:
+        return 0
+    extra = 0.0
+    for k in kinds:
+        for g in k.gemms:
+            extra += k.count * g.weight_bytes * max(0.0, g.vllm_rank_fraction - 1.0 / tp)
     return int(extra)
 
 
@@ -319,7 +385,7 @@ def fixed_bytes(mem: MemoryPlan, params) -> MemoryBreakdown:
     v0.29.0+: the spec's breakdown (memory.md §4) from registry magnitudes. Earlier: what
     vLLM's V1 start-up profile subtracts (module docstring): ``activation_peak`` is the
     profile run's torch peak, ``comm_buffers`` the non-torch memory, ``cuda_graph`` the
-    graph estimate from v0.21.0 and 0 before it (graphs are captured after the KV cache
+    graph estimate from v0.20.0 and 0 before it (graphs are captured after the KV cache
     then, from the margin ``gpu_memory_utilization`` leaves).
     """
     if not mem.rules.spec_recipe:
@@ -337,7 +403,7 @@ def fixed_bytes(mem: MemoryPlan, params) -> MemoryBreakdown:
 
 def _vllm_fixed_bytes(mem: MemoryPlan) -> MemoryBreakdown:
     """vLLM V1 ``determine_available_memory`` (v0.8 to v0.28): weights as loaded, the profile
-    run's torch peak, non-torch growth, and from v0.21.0 the CUDA-graph estimate."""
+    run's torch peak, non-torch growth, and from v0.20.0 the CUDA-graph estimate."""
     tokens = mem.max_num_batched_tokens
     forward = tokens * mem.activation_bytes_per_token
     # The sampler run follows the forward with the final hidden states still alive.
@@ -349,6 +415,23 @@ def _vllm_fixed_bytes(mem: MemoryPlan) -> MemoryBreakdown:
                            activation_peak=int(activation), cuda_graph=int(graphs),
                            eplb_redundant=mem.eplb_redundant_bytes,
                            comm_buffers=int(mem.non_torch_bytes))
+
+
+def rule_summary(mem: MemoryPlan) -> dict:
+    """Which version-selected rules a pool's fixed bytes follow, by name (for ``jkernel
+    memory``): the recipe, the dummy sampler's path, whether the CUDA-graph estimate and the
+    CUDA context are charged, and the device total used."""
+    r = mem.rules
+    if r.spec_recipe:
+        return {"recipe": "spec", "sampler": None, "cuda_graph_charged": True,
+                "cuda_context_charged": None, "device_total": "datasheet capacity"}
+    triton = r.version >= TRITON_SAMPLER_FROM
+    return {"recipe": "vllm-profile",
+            "sampler": "triton top-k/top-p (v0.17.0+)" if triton
+            else "sort top-k/top-p (v0.16 and earlier)",
+            "cuda_graph_charged": r.graphs_subtracted,
+            "cuda_context_charged": r.version < CONTEXT_IN_NON_TORCH_BEFORE,
+            "device_total": "CUDA-reported total"}
 
 
 def device_memory_bytes(mem: MemoryPlan, chip) -> float:
@@ -422,3 +505,122 @@ def kv_cache_pages(memory_bytes: float, utilization: float, fixed_total: int,
     if page_bytes <= 0:
         return 0
     return max(0, math.floor((memory_bytes * utilization - fixed_total) / page_bytes))
+
+
+# -- the engine's start-up refusal -----------------------------------------------------------
+
+def _longest_fitting_request(k, pages: int) -> int:
+    """Longest request (tokens) whose pages fit ``pages``: binary search on the kernel's
+    own sequence sizing (vLLM ``estimate_max_model_len`` searches the same way)."""
+    page = k.page_bytes()
+    fixed = -(-int(k.sequence_fixed_bytes()) // page) if page > 0 else 0
+
+    def fits(n: int) -> bool:
+        return -(-k.sequence_variable_bytes(n) // page) + fixed <= pages
+
+    if page <= 0 or not fits(1):
+        return 0
+    lo, hi = 1, max(1, pages) * max(k.plan.block_size, 1) * max(k.plan.dcp, 1) + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _bundle_file(k) -> str | None:
+    """The bundle file the kernel's documents came from, when they came from one."""
+    return getattr(getattr(k, "inputs", None), "bundle_file", None)
+
+
+def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = None,
+                  what: str = "max_model_len"):
+    """Why vLLM would not start this pool, as a :class:`~jkernel.Refusal` (code ``FIT``),
+    or None when it would.
+
+    vLLM v1 (``kv_cache_utils._check_enough_kv_cache_memory``, v0.8 to v0.31) stops the
+    engine when the memory left for the KV cache after the start-up profile is not positive
+    (it names ``gpu_memory_utilization`` as the setting to raise), and when one request of
+    ``max_model_len`` tokens needs more KV cache than is left (it gives the needed and the
+    available GiB and its estimate of the longest length that would fit). jkernel asks the
+    same of its own figures: no whole KV page left, or fewer pages than one request of
+    ``max_model_len`` (when given) occupies. ``what`` names that length in the message
+    (``max_model_len`` for a deployment, the workload's request length for the planner);
+    ``pool`` is the pool's document path, under which the refusal names its field.
+
+    The spec's memory recipe stays as it is (memory.md §5: ``pages = max(0, …)``; its
+    vectors build pools whose fixed bytes overflow the budget): this refusal is asked for by
+    the entry points that start an engine from documents (``jkernel.open`` /
+    ``open_pool``, the replay, the planner), not by ``new`` or ``kv_cache_pages``. The spec
+    lists no refusal for it (resolution.md §13); vLLM v0.31.0 refuses, so jkernel does
+    (README precedence rule 2)."""
+    from .errors import Refusal
+
+    gib = 2.0 ** 30
+    util = float(k.settings["gpu_memory_utilization"])
+    device = float(k.device_memory_bytes())
+    budget = device * util
+    fb = k.fixed_bytes()
+    fixed = fb.total()
+    page = int(k.page_bytes())
+    pages = int(k.kv_cache_pages())
+    avail = budget - fixed
+    if page > 0 and pages <= 0:
+        parts = (f"weights {fb.weights / gib:.2f}, activation peak "
+                 f"{fb.activation_peak / gib:.2f}, CUDA graphs {fb.cuda_graph / gib:.2f}, "
+                 f"buffers {fb.comm_buffers / gib:.2f}")
+        where = (f"the memory budget {budget / gib:.2f} GiB (gpu_memory_utilization "
+                 f"{util:g} of {device / gib:.2f} GiB)")
+        if avail <= 0:
+            state = (f"exceed {where}: no memory is left for the KV cache blocks")
+        else:
+            state = (f"leave {avail / gib:.3f} GiB of {where}, less than one KV page of "
+                     f"{page:,} B: no KV cache block fits")
+        return Refusal(
+            "FIT", f"fixed bytes {fixed / gib:.2f} GiB per rank ({parts}) {state}. vLLM "
+            "would not start the engine; raise gpu_memory_utilization or spread the model "
+            "over more GPUs", field=None if pool is None
+            else f"{pool}.engine.gpu_memory_utilization", file=_bundle_file(k))
+    if max_model_len and page > 0:
+        need = request_pages(k, int(max_model_len))
+        if need > pages:
+            longest = _longest_fitting_request(k, pages)
+            hint = (f"; the longest request the cache holds is about {longest:,} tokens"
+                    if longest > 0 else "")
+            subject = (f"max_model_len {int(max_model_len)}" if what == "max_model_len"
+                       else f"{what} of {int(max_model_len)} tokens")
+            lower = "max_model_len" if what == "max_model_len" else "the request length"
+            return Refusal(
+                "FIT", f"{subject} needs {need} KV pages ({need * page / gib:.2f} GiB per "
+                f"rank) but only {pages} fit ({pages * page / gib:.2f} GiB){hint}; vLLM "
+                f"would not start (lower {lower} or raise gpu_memory_utilization)",
+                field=None if pool is None else
+                (f"{pool}.engine.max_model_len" if what == "max_model_len" else pool),
+                file=_bundle_file(k))
+    return None
+
+
+def request_pages(k, tokens: int) -> int:
+    """KV pages one running request of ``tokens`` tokens holds on ``k``'s pool (per rank):
+    ``ceil(sequence_variable_bytes(tokens) / page)`` plus its recurrent state,
+    ``ceil(sequence_fixed_bytes() / page)`` (memory.md §5: each running sequence's fixed
+    state is charged against the same pages; 0 unless the model has recurrent layers).
+    0 for a pool whose page holds nothing. The one fit rule of a request: the start
+    refusal, the planner and the replay's scheduler
+    (:meth:`jkernel.replay.scheduler.PoolLimits.request_pages`, its cached form) read it."""
+    page = int(k.page_bytes())
+    if page <= 0:
+        return 0
+    return (-(-int(k.sequence_variable_bytes(int(tokens))) // page)
+            + -(-int(k.sequence_fixed_bytes()) // page))
+
+
+def check_start(k, *, max_model_len: int | None = None, pool: str | None = None,
+                what: str = "max_model_len") -> None:
+    """Raise :func:`start_refusal`'s refusal when there is one. ``pool`` is the document
+    path of the pool (``"pools[0]"``) the refusal's field is named under."""
+    refusal = start_refusal(k, max_model_len=max_model_len, pool=pool, what=what)
+    if refusal is not None:
+        raise refusal

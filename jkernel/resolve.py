@@ -1129,7 +1129,8 @@ def _resolve(inputs: Inputs) -> Resolved:
                       shards=experts.shards, redundant=experts.redundant, ep=max(layout.ep, 1),
                       mamba_mode=defaults.mamba_cache_mode, num_spec=defaults.num_spec_tokens,
                       missing=_missing, engine_version=sc.engine_version,
-                      max_num_seqs=defaults.max_num_seqs, ep_on=layout.expert_parallel)
+                      max_num_seqs=defaults.max_num_seqs, ep_on=layout.expert_parallel,
+                      sm_count=chip.sm_count)
     coeffs = dataclasses.replace(coeffs, used=coeffs.used | set(mem.coefficient_names))
     plan = build_plan(model, kinds, head, chip, layout, dtypes, defaults, cp, coeffs, experts,
                       facts)

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from . import catalog as _catalog
+from . import memory as _memory
 from .errors import Refusal
 
 __all__ = ["Fleet", "Workload", "PoolSpec", "Candidate", "PlanResult", "fleet",
@@ -319,12 +320,9 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
 # ---------------------------------------------------------------------------------------
 
 def _request_pages(k, tokens: int) -> int:
-    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool: the replay's
-    rule (:meth:`jkernel.replay.scheduler.PoolLimits.request_pages`: KV pages plus a hybrid
-    model's recurrent state, memory.md §5); 0 for a pool whose page holds nothing."""
-    from .replay.scheduler import PoolLimits
-
-    return PoolLimits(k).request_pages(tokens) if k.page_bytes() > 0 else 0
+    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool
+    (:func:`jkernel.memory.request_pages`: KV pages plus a hybrid model's recurrent state)."""
+    return _memory.request_pages(k, tokens)
 
 
 _BASE: dict = {}
@@ -353,21 +351,10 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
     inputs = replace(_base_inputs(cand, repos), scenario=scenario, deployment=deployment,
                      pool_index=index)
     k = new(inputs)
-    pages = k.kv_cache_pages()
-    need = _request_pages(k, wl.isl + wl.osl)
-    if pages < max(need, 1):
-        fb = k.fixed_bytes().total()
-        budget = k.device_memory_bytes() * k.settings["gpu_memory_utilization"]
-        gib = 2.0 ** 30
-        if fb >= budget:
-            why = (f"fixed bytes {fb / gib:.1f} GiB per rank exceed the memory budget "
-                   f"{budget / gib:.1f} GiB (no memory left for the KV cache); vLLM v0.31.0 "
-                   "will not start")
-        else:
-            why = (f"the KV cache holds {pages} pages per rank but one request of "
-                   f"{wl.isl + wl.osl} tokens needs {need} (its KV and recurrent state); "
-                   "vLLM v0.31.0 refuses a max_model_len the cache cannot hold")
-        raise Refusal("FIT", why, field=f"pools[{index}]")
+    # The engine's start-up refusal (jkernel.memory.start_refusal, vLLM v0.31.0), asked of
+    # one request of the workload's length (the planner sizes max_model_len to it).
+    _memory.check_start(k, max_model_len=max(wl.isl + wl.osl, 1), pool=f"pools[{index}]",
+                        what="a workload request")
     return k
 
 

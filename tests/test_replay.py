@@ -104,8 +104,13 @@ def test_preemption_when_the_cache_is_small(tmp_path):
     base = qwen()
     util = (base.fixed_bytes().total() + 200.5 * base.page_bytes()) / \
         base.device_memory_bytes()
-    # vLLM refuses to start when one max_model_len sequence cannot fit the cache.
-    refused = jkernel.open(bundle_with(tmp_path, gpu_memory_utilization=round(util, 6)))
+    # vLLM refuses to start when one max_model_len sequence cannot fit the cache: jkernel.open
+    # refuses the pool (jkernel.memory.start_refusal), and so does the replay of a kernel
+    # built by jkernel.new from the same documents.
+    doc = bundle_with(tmp_path, gpu_memory_utilization=round(util, 6))
+    with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):
+        jkernel.open(doc)
+    refused = jkernel.new(jkernel.open_inputs(doc))
     with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):
         replay(refused, table([(0, 0.0, 10, 2)]))
     tight = jkernel.open(bundle_with(tmp_path, gpu_memory_utilization=round(util, 6),

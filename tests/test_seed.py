@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "catalog"
 SETS = ["cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
         "cost-model-attention", "cost-model-recurrent", "cost-model-memory"]
-CHIPS = ["gb200-nvl72", "gb300", "b200", "b300", "h100", "h200", "l40s", "a100-sxm", "a100-80"]
+CHIPS = ["gb200-nvl72", "gb300", "b200", "b300", "h100", "h200", "l40s", "a100-sxm", "a100-80",
+         "a100-40", "l4"]      # the last two: chips of tests/data/kv_capacity.csv (issue 12)
 MODES = ["none", "piecewise", "full", "full_and_piecewise", "full_decode_only"]
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
 
@@ -80,6 +81,9 @@ FACTS = {
     "l40s": (362.05, 733, None, 0.864, 48, 32, 142, None, None, None),
     "a100-80": (312, None, None, 2.039, 80, 300, 108, None, None, None),
     "a100-sxm": (312, None, None, 2.039, 80, 300, 108, None, None, None),
+    # Not in documents.md §3.1: NVIDIA's A100 40GB and L4 datasheets (catalog/hardware).
+    "a100-40": (312, None, None, 1.555, 40, 300, 108, None, None, None),
+    "l4": (121, 242, None, 0.3, 24, 32, 58, None, None, None),
 }
 CHIP_KEYS = ["TFlopsPeak", "TFlopsFP8", "TFlopsNVFP4", "BwPeakTBs", "MemoryGiB",
              "IntraNodeBwGBps", "SMCount", "GPUsPerNode", "GPUsPerRack", "IntraRackBwGBps"]

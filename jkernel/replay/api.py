@@ -102,15 +102,13 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
 
 
 def _check_start(pool: Pool) -> None:
+    """vLLM's start-up refusal for the pool (:func:`jkernel.memory.check_start`): no KV page
+    left, or a max_model_len the cache cannot hold. Raises :class:`jkernel.Refusal`."""
+    from .. import memory as _memory
+
     lim = pool.limits
-    if lim.pages <= 0:
-        raise ValueError(f"pool {pool.name}: the KV cache has no pages "
-                         f"(kv_cache_pages() = {lim.pages}); vLLM would not start")
-    if lim.max_model_len and lim.request_pages(lim.max_model_len) > lim.pages:
-        raise ValueError(
-            f"pool {pool.name}: max_model_len {lim.max_model_len} needs "
-            f"{lim.request_pages(lim.max_model_len)} KV pages but only {lim.pages} fit; vLLM "
-            "would not start (lower max_model_len or raise gpu_memory_utilization)")
+    _memory.check_start(pool.kernel, max_model_len=lim.max_model_len or None,
+                        pool=f"pools[{pool.kernel.inputs.pool_index}]")
 
 
 def _progress_bar(show: bool, total: int):

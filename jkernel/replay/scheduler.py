@@ -121,8 +121,8 @@ class PoolLimits:
         """Pages one running request of ``tokens`` tokens holds: its KV pages
         (:meth:`pages_for`) plus its recurrent state (``fixed_pages``; 0 unless the model
         has recurrent layers). memory.md §5: each running sequence also holds
-        ``sequence_fixed_bytes()``, charged against the same pages. The one fit rule of a
-        request, read by the replay's start check and by the planner (jkernel.search)."""
+        ``sequence_fixed_bytes()``, charged against the same pages. The cached form of
+        :func:`jkernel.memory.request_pages` (a test holds them equal)."""
         return self.pages_for(tokens) + self.fixed_pages
 
 

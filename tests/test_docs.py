@@ -132,6 +132,7 @@ def test_add_model_walkthrough_runs(tmp_path, monkeypatch):
     text = (DOCS / "add-model.md").read_text()
     catalog = tmp_path / "my-catalog"
     shutil.copytree(jcatalog.shipped_root(), catalog)
+    shutil.rmtree(catalog / "models/qwen3-8b", ignore_errors=True)   # the catalog ships one
     config = ROOT / "../shared/data/hf-configs/Qwen--Qwen3-8B_config.json"
     if not config.exists():
         config = ROOT / "catalog/models/qwen3-14b/config.json"

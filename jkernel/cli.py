@@ -99,7 +99,7 @@ def _memory_row(k) -> dict:
     rules = mem.rules
     return {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
             "engine_version": k.inputs.scenario.engine_version,
-            "recipe": "spec (memory.md §4-§5)" if rules.spec_recipe
+            "recipe": "jkernel's recipe (vLLM v0.29 on)" if rules.spec_recipe
             else "vLLM V1 start-up profile",
             "fixed_bytes": {"weights": fb.weights, "activation_peak": fb.activation_peak,
                             "cuda_graph": fb.cuda_graph, "eplb_redundant": fb.eplb_redundant,

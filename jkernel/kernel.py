@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
@@ -158,13 +159,14 @@ class _Compiled:
         def many(flat, sched, comp, scal):
             """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
             slices the caller's arrays into chunks without copying them into one. Also
-            returns the smallest ``scheduled`` and ``computed`` (int32 ``(2,)``): the sign
-            check of int32 inputs rides on this one read of them instead of a host pass."""
+            returns how many requests of each batch have a negative ``scheduled`` or
+            ``computed`` (int32 ``(B,)``): the sign check of int32 inputs is a lane of the
+            step's one pass over the requests, not a second read of them."""
             self.traces += 1
             batch = BatchArrays(sched, comp, sched > 0, scal[..., 0], scal[..., 1],
                                 scal[..., 2])
-            lows = jnp.stack([jnp.min(sched, initial=0), jnp.min(comp, initial=0)])
-            return pack(step_fn(unpack(flat), batch)), lows
+            est, negative = step_fn.checked(unpack(flat), batch)
+            return pack(est), negative
 
         def grad_of(field: int):
             def value(flat, packed):
@@ -204,6 +206,65 @@ def _estimates(rows: np.ndarray) -> StepEstimate:
     per = {r: rows[..., 3 + i] for i, r in enumerate(RESOURCES)}
     return StepEstimate(rows[..., 0], rows[..., 1], rows[..., 2], per,
                         rows[..., 8].astype(np.int32))
+
+
+#: XLA's CPU runtime reads a host array in place (no copy) when it starts on a 64-byte
+#: boundary; numpy's allocations are 16-byte aligned, so most callers' arrays are copied.
+_ALIGN = 64
+
+
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a :data:`_ALIGN`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    off = -raw.ctypes.data % _ALIGN
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _in_place(x: np.ndarray) -> bool:
+    """Whether XLA's CPU runtime can read ``x`` without copying it."""
+    return x.flags.c_contiguous and x.ctypes.data % _ALIGN == 0
+
+
+class _Staging:
+    """Reusable aligned host buffers for the bulk path's chunks that XLA cannot read in
+    place (unaligned, or the short last chunk): one copy into memory that is already
+    mapped, where a fresh buffer per chunk page-faulted its way through every chunk (the
+    copy cost ~10 × the NumPy pass it replaced). A buffer is held by one chunk from its
+    fill until its result has been read back (the program reads its inputs in place), then
+    returned; at most ``keep`` buffers stay cached."""
+
+    def __init__(self, keep: int = 3 * _WORKERS):
+        self._free: list = []
+        self._lock = threading.Lock()
+        self._keep = keep
+
+    def take(self, shape: tuple, dtype) -> np.ndarray:
+        """A buffer of ``shape`` and ``dtype``, reused when a free one matches."""
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.shape == shape and buf.dtype == dtype:
+                    return self._free.pop(i)
+        return _aligned_empty(shape, dtype)
+
+    def give(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.insert(0, buf)
+            del self._free[self._keep:]
+
+
+_STAGING = _Staging()
+
+
+def _negative_input(arrays, start: int, size: int) -> None:
+    """Raise for the negative token count the pricing program found in rows
+    ``start:start + size`` (read again on the host only on this error path)."""
+    for name, x in zip(("scheduled", "computed"), arrays[:2]):
+        low = int(x[start:start + size].min())
+        if low < 0:
+            raise ArgumentError(name, f"must be ≥ 0, got {low}")
+    raise ArgumentError("scheduled", "must be ≥ 0")          # unreachable: one was negative
 
 
 class Kernel:
@@ -399,9 +460,10 @@ class Kernel:
                     raise ArgumentError(f"batches[{j}]", f"must be a jkernel.Batch, not "
                                         f"{type(b).__name__}")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            s = np.zeros((len(batches), width), np.int32)
-            c = np.zeros((len(batches), width), np.int32)
-            scal = np.zeros((len(batches), 3), np.int32)
+            s, c = (_aligned_empty((len(batches), width), np.int32) for _ in "sc")
+            scal = _aligned_empty((len(batches), 3), np.int32)
+            for x in (s, c, scal):
+                x[...] = 0
             for j, b in enumerate(batches):
                 s[j, :len(b)] = b.scheduled
                 c[j, :len(b)] = b.computed
@@ -415,9 +477,10 @@ class Kernel:
             raise ArgumentError("computed", f"must have the shape of scheduled {s.shape} "
                                 f"(batches, requests), got {c.shape}")
         nb = s.shape[0]
-        scal = np.stack([_v.scalar_column("decode_threshold", decode_threshold, nb),
-                         _v.scalar_column("sm_budget", sm_budget, nb),
-                         _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)], axis=1)
+        scal = _aligned_empty((nb, 3), np.int32)          # read in place by the program
+        scal[:, 0] = _v.scalar_column("decode_threshold", decode_threshold, nb)
+        scal[:, 1] = _v.scalar_column("sm_budget", sm_budget, nb)
+        scal[:, 2] = _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)
         return s, c, scal
 
     @staticmethod
@@ -439,6 +502,7 @@ class Kernel:
         if jax.config.jax_default_device is not None:     # `with jax.default_device(d)`
             devices = [jax.config.jax_default_device]
         size = min(chunk, n)
+        on_cpu = getattr(devices[0], "platform", devices[0]) == "cpu"   # else: copied anyway
         put = functools.partial(jax.device_put, may_alias=True)
         if len(devices) > 1:
             from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -451,17 +515,28 @@ class Kernel:
 
         def run(start: int) -> np.ndarray:
             parts = [x[start:start + size] for x in arrays]
-            short = size - parts[0].shape[0]
-            if short:
-                parts = [np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
-                         for x in parts]
-            rows, lows = fn(*(put(x) for x in parts))
-            lows = np.asarray(lows).reshape(-1, 2).min(axis=0)
-            for name, low in zip(("scheduled", "computed"), lows):
-                if low < 0:
-                    raise ArgumentError(name, f"must be ≥ 0, got {int(low)}")
-            out = np.asarray(rows)
-            return out.take(np.arange(size - short), axis=axis) if short else out
+            rows_in = parts[0].shape[0]
+            short = size - rows_in
+            staged = []
+            for j, x in enumerate(parts):
+                if short or (on_cpu and not _in_place(x)):
+                    buf = _STAGING.take((size,) + x.shape[1:], x.dtype)
+                    buf[:rows_in] = x
+                    if short:
+                        buf[rows_in:] = 0
+                    parts[j] = buf
+                    staged.append(buf)
+            try:
+                rows, negative = fn(*(put(x) for x in parts))
+                if np.asarray(negative).any():
+                    _negative_input(arrays, start, size)
+                out = np.asarray(rows)
+                if short:
+                    out = out.take(np.arange(rows_in), axis=axis)
+            finally:
+                for buf in staged:
+                    _STAGING.give(buf)
+            return out
 
         starts = range(0, n, size)
         workers = 1 if len(devices) > 1 else min(len(starts), _WORKERS)

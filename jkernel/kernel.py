@@ -12,6 +12,7 @@ into one array and the batch into two, so a call costs a few microseconds of dis
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
@@ -32,7 +33,8 @@ from .errors import Refusal
 from .params import Params
 from .plan import Plan
 from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
-from .step import RESOURCES, BatchArrays, StepEstimate, StepOptions, make_step_fn
+from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
+                   make_step_fn, sum_requests)
 from . import validate as _v
 from .validate import ArgumentError
 
@@ -41,6 +43,10 @@ __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
 
 #: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+#: The largest packed single-step input (int32 entries) that runs as one program: XLA's CPU
+#: runtime runs a program inline when all its buffers are ≤ 512 bytes.
+_SMALL_PACKED = 128
 
 _PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
     ("bottleneck",)
@@ -168,6 +174,30 @@ class _Compiled:
             est, negative = step_fn.checked(unpack(flat), batch)
             return pack(est), negative
 
+        lanes: list = []               # the request sums' keys, in order (set when traced)
+
+        def reduce_requests(packed, dt):
+            """The first half of a single step: the request sums (and the three scalars)
+            as one ``dt`` vector. Few kernels, so XLA's CPU runtime runs it inline."""
+            self.traces += 1
+            r = (packed.shape[-1] - 3) // 2
+            sched, comp = packed[..., :r], packed[..., r:2 * r]
+            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
+                                packed[..., 2 * r + 1], packed[..., 2 * r + 2])
+            sums = sum_requests(plan, batch, dt)
+            lanes[:] = list(sums)
+            return jnp.stack(list(sums.values()) + [packed[2 * r + i].astype(dt)
+                                                    for i in range(3)])
+
+        def from_sums(flat, vec):
+            """The second half: the step from the sums; one program for every bucket, on
+            buffers of a few hundred bytes."""
+            self.traces += 1
+            n = len(lanes)
+            batch = BatchArrays(None, None, None, vec[n], vec[n + 1], vec[n + 2])
+            sums = {key: vec[i] for i, key in enumerate(lanes)}
+            return pack(step_fn.from_sums(unpack(flat), batch, sums))
+
         def grad_of(field: int):
             def value(flat, packed):
                 return one(flat, packed)[field]
@@ -178,9 +208,45 @@ class _Compiled:
         self.one = jax.jit(one)
         self.many = jax.jit(many)
         self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None, None)))
+
+        @functools.lru_cache(maxsize=8)
+        def at(offsets: tuple[int, int], sweep: bool):
+            """``many`` (or ``sweep``) on flat views of ``scheduled`` and ``computed`` whose
+            first ``offsets`` elements precede the batches (see :func:`_view_from_boundary`)."""
+            def run(flat, s_view, c_view, scal):
+                b = scal.shape[0]
+                sched = s_view[offsets[0]:].reshape(b, -1)
+                comp = c_view[offsets[1]:].reshape(b, -1)
+                return many(flat, sched, comp, scal)
+            return jax.jit(jax.vmap(run, in_axes=(0, None, None, None)) if sweep else run)
+
+        self.at = at
         self.jit_step = jax.jit(step_fn)
+        self.reduce_requests = jax.jit(reduce_requests, static_argnums=1)
+        self.from_sums = jax.jit(from_sums)
+        self._split: bool | None = None
         self._grads: dict[int, Any] = {}
         self._grad_of = grad_of
+
+    def step(self, flat, packed) -> np.ndarray:
+        """One packed step's 9 figures (float64 numpy). A batch whose input exceeds 512
+        bytes (64 requests and up) runs as two programs, the request reduction and the
+        rest: XLA's CPU runtime runs a program inline only when it has few kernels or all
+        its buffers are at most 512 bytes, and otherwise schedules its ~40 kernels over its
+        thread pool, which cost a fixed ~12-25 µs (more than the second dispatch). Plans
+        that read the requests after the reduction (DCP's context gather) stay one program."""
+        if packed.shape[-1] <= _SMALL_PACKED or self._split is False:
+            return np.asarray(self.one(flat, packed))
+        if self._split is None:
+            try:
+                vec = self.reduce_requests(packed, flat.dtype)
+                out = np.asarray(self.from_sums(flat, vec))
+            except NeedsRequests:
+                self._split = False
+                return np.asarray(self.one(flat, packed))
+            self._split = True
+            return out
+        return np.asarray(self.from_sums(flat, self.reduce_requests(packed, flat.dtype)))
 
     def grad(self, field: int):
         """``jit(value_and_grad)`` of one packed output column w.r.t. the flat params: one
@@ -220,6 +286,21 @@ def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     off = -raw.ctypes.data % _ALIGN
     return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _view_from_boundary(x: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``x`` (C-contiguous) as the tail of a flat view that starts at the 64-byte boundary
+    at or below its first byte: ``(view, offset)`` with ``view[offset:]`` = ``x.ravel()``,
+    so XLA's CPU runtime reads it in place and the program skips the first ``offset``
+    elements. Only bytes of the page holding ``x``'s first byte are added (a page is a
+    whole number of 64-byte blocks), so nothing unmapped is touched; nothing is written.
+    None when ``x`` does not start on a multiple of its item size."""
+    head = x.ctypes.data % _ALIGN
+    if head % x.itemsize or not x.flags.c_contiguous:
+        return None
+    off = head // x.itemsize
+    raw = (ctypes.c_char * ((x.size + off) * x.itemsize)).from_address(x.ctypes.data - head)
+    return np.frombuffer(raw, x.dtype), off
 
 
 def _in_place(x: np.ndarray) -> bool:
@@ -361,7 +442,7 @@ class Kernel:
         """
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
                             pad_tokens)
-        return _estimate(np.asarray(self._c.one(self._flat, packed)).tolist())
+        return _estimate(self._c.step(self._flat, packed).tolist())
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,
@@ -395,7 +476,7 @@ class Kernel:
         for size in buckets or self.buckets:
             packed = np.zeros(2 * size + 3, np.int32)
             packed[-3] = 1
-            self._c.one(self._flat, packed).block_until_ready()
+            self._c.step(self._flat, packed)
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, decode_threshold=1, sm_budget=0,
@@ -403,12 +484,12 @@ class Kernel:
         """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
-        ``(batches, requests)``, zero-padded; the
-        scalars may be ints or arrays of shape ``(batches,)``, checked as ``Batch`` checks
-        them. int32 C-contiguous arrays are not copied on the host and their sign is
-        checked by the same program that prices them; on CPU, XLA reads them in place when
-        they are 64-byte aligned (else each chunk is copied once on its way in). ``dtype=jnp.float32`` prices in single
-        precision. With several devices (``jax.local_devices()``), every chunk is split
+        ``(batches, requests)``, zero-padded; the scalars may be ints or arrays of shape
+        ``(batches,)``, checked as ``Batch`` checks them. int32 C-contiguous arrays are not
+        copied on the host and their sign is checked in the same pass of the program that
+        prices them; on CPU, XLA reads them in place when they are 64-byte aligned (else
+        each chunk is copied once into a reused aligned buffer). ``dtype=jnp.float32``
+        prices in single precision. With several devices (``jax.local_devices()``), every chunk is split
         over all of them along the batch axis (same results as one device). Memory stays
         bounded by the chunk, however many batches come. Returns a :class:`StepEstimate`
         of numpy arrays of shape ``(batches,)``; zero batches give empty arrays.
@@ -416,7 +497,9 @@ class Kernel:
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk))
+        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
+                                        at=lambda o: functools.partial(self._c.at(o, False),
+                                                                       flat)))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -443,7 +526,8 @@ class Kernel:
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1,
-                             sets=flat.shape[0])
+                             sets=flat.shape[0],
+                             at=lambda o: functools.partial(self._c.at(o, True), flat))
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
@@ -485,12 +569,15 @@ class Kernel:
 
     @staticmethod
     def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0,
-                 sets: int = 0):
+                 sets: int = 0, at=None):
         """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
         every chunk runs one program). One device: two chunks at a time, as XLA runs each
         program on the calling thread and releases the GIL, so a second thread keeps a
         second core busy. Several devices: each chunk is split over all of them along the
-        batch axis (``jax.sharding``), one chunk at a time."""
+        batch axis (``jax.sharding``), one chunk at a time. On one CPU device, a whole chunk
+        of ``scheduled``/``computed`` that is not 64-byte aligned is read in place through
+        a view from the boundary below it (``at(offsets)`` gives the program that skips
+        the offsets) instead of being copied."""
         n = arrays[0].shape[0]
         chunk = int(chunk)
         if chunk < 1:
@@ -518,6 +605,14 @@ class Kernel:
             rows_in = parts[0].shape[0]
             short = size - rows_in
             staged = []
+            call = fn
+            if at is not None and on_cpu and len(devices) == 1 and not short and not all(
+                    _in_place(x) for x in parts[:2]):
+                views = [(x, 0) if _in_place(x) else _view_from_boundary(x)
+                         for x in parts[:2]]
+                if all(v is not None for v in views):
+                    parts[0], parts[1] = (v[0].reshape(-1) for v in views)
+                    call = at((views[0][1], views[1][1]))
             for j, x in enumerate(parts):
                 if short or (on_cpu and not _in_place(x)):
                     buf = _STAGING.take((size,) + x.shape[1:], x.dtype)
@@ -527,7 +622,7 @@ class Kernel:
                     parts[j] = buf
                     staged.append(buf)
             try:
-                rows, negative = fn(*(put(x) for x in parts))
+                rows, negative = call(*(put(x) for x in parts))
                 if np.asarray(negative).any():
                     _negative_input(arrays, start, size)
                 out = np.asarray(rows)

@@ -129,10 +129,27 @@ def make_step_fn(plan: Plan, options: StepOptions = StepOptions()):
         requests (the bulk path's validity check; the estimate treats them as D32 says)."""
         return _price(plan, options, params, batch, check=True)
 
+    def from_sums(params, batch: BatchArrays, sums: dict) -> StepEstimate:
+        """The estimate from the request sums of :func:`sum_requests` (``batch`` gives the
+        scalars; its request arrays may be None). Raises :class:`NeedsRequests` for a plan
+        that reads per-request arrays after the reduction (the DCP context gather)."""
+        return _price(plan, options, params, batch, sums=sums)
+
     step_fn.checked = checked
+    step_fn.from_sums = from_sums
     step_fn.plan = plan
     step_fn.options = options
     return step_fn
+
+
+class NeedsRequests(ValueError):
+    """A plan whose step reads per-request arrays after the request reduction."""
+
+
+def sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
+    """The step's request sums (lane key → array of the batch shape, in ``dt``): the first
+    half of the step, which :func:`make_step_fn`'s ``from_sums`` completes."""
+    return _sum_requests(plan, batch, dt)
 
 
 def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool = False
@@ -306,9 +323,10 @@ class _Batch:
     request (a min or ceil of a sum is not the sum of the mins) and summed together.
     """
 
-    def __init__(self, plan: Plan, batch: BatchArrays, dt, check: bool = False):
+    def __init__(self, plan: Plan, batch: BatchArrays, dt, check: bool = False, sums=None):
         self._batch, self._dt = batch, dt
-        self.sums = sums = _sum_requests(plan, batch, dt, check)
+        self.sums = sums = (_sum_requests(plan, batch, dt, check) if sums is None
+                            else dict(sums))
         self.negative = sums.pop("negative", None)
         self.tokens = sums["tokens"]
         self.n_live = sums["n_live"]
@@ -332,6 +350,8 @@ class _Batch:
     def requests(self):
         """``(s, c, prefill mask)`` per request, for the MLA context gather (DCP only)."""
         b, dt = self._batch, self._dt
+        if b.scheduled is None:
+            raise NeedsRequests("this plan reads per-request arrays after the reduction")
         s_in = jnp.asarray(b.scheduled).astype(dt)
         live = jnp.asarray(b.mask) & (s_in > 0)
         s = jnp.where(live, s_in, 0.0)
@@ -364,8 +384,9 @@ class _Batch:
 class _Step:
     """One batch's token counts with the quantities every layer shares (§4, §5, §6.11)."""
 
-    def __init__(self, plan: Plan, c: terms.Constants, batch: BatchArrays, check: bool = False):
-        self.b = b = _Batch(plan, batch, c.dt, check)
+    def __init__(self, plan: Plan, c: terms.Constants, batch: BatchArrays, check: bool = False,
+                 sums=None):
+        self.b = b = _Batch(plan, batch, c.dt, check, sums)
         sm_count = c.params["sm_count"]
         budget = b.sm_budget
         self.sm_derate = jnp.where((budget > 0) & (budget < sm_count),
@@ -524,12 +545,12 @@ def _published(plan: Plan, priced: _Priced, b: _Batch) -> dict:
 
 
 def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays,
-           check: bool = False):
+           check: bool = False, sums=None):
     """The step's estimate; with ``check``, ``(estimate, negative)`` where ``negative`` is
     the int32 count of requests (per batch) with a negative ``scheduled`` or ``computed``,
     counted in the same single pass over the requests that prices them."""
     c = terms.Constants(plan, params)
-    st = _Step(plan, c, batch, check)
+    st = _Step(plan, c, batch, check, sums)
     b = st.b
     priced = _terms(plan, options, c, st)
     overlap, no_overlap, per = _edges(plan, options, priced, b, c.zero)

@@ -227,3 +227,21 @@ def test_price_many_same_prices_for_aligned_unaligned_and_short_chunks():
                 np.testing.assert_array_equal(getattr(got, field), getattr(whole, field))
     one = k.step_time(Batch(s[5], c[5]))
     assert whole.expected_s[5] == pytest.approx(one.expected_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("scenario", ["llama-3.1-8b-h100-tp1", "qwen3-235b-a22b-h200-tp8-dcp2"])
+def test_split_single_step_prices_as_the_one_program(scenario):
+    """From 64 requests up a step runs as the request reduction then the step from its sums
+    (XLA's CPU runtime hands a program with buffers over 512 bytes to its thread pool); the
+    figures equal the one-program step to the last bit, and a DCP plan, whose context gather
+    reads the requests after the reduction, falls back to the one program."""
+    k = catalog_kernel(scenario)
+    rng = np.random.default_rng(5)
+    for n in (40, 200):
+        s = np.where(rng.random(n) < 0.8, 1, rng.integers(2, 900, n)).astype(np.int32)
+        c = rng.integers(0, 30000, n).astype(np.int32)
+        got = k.step_time(scheduled=s, computed=c, decode_threshold=1, pad_tokens=3)
+        packed = k._pack(None, s, c, 1, 0, 3)
+        want = np.asarray(k._c.one(k._flat, packed))
+        assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
+        assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()

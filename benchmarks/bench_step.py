@@ -39,10 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
 import jkernel  # noqa: E402  (importing configures nothing; the first open does)
 from jkernel import Batch  # noqa: E402
+
+# the checkout whose jkernel is measured (PYTHONPATH), not necessarily this script's: the
+# whole-process and thread figures run that one too
+ROOT = Path(jkernel.__file__).resolve().parent.parent
 
 NEW = hasattr(jkernel, "ArgumentError")          # the jkernel of issue 14
 if NEW:      # measure compiles honestly in this process (the CLI figure uses the cache)

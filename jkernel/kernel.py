@@ -154,13 +154,17 @@ class _Compiled:
             """``packed``: int32 ``(..., 2R + 3)`` = scheduled (R), computed (R), then
             decode_threshold, sm_budget, pad_tokens; one array, so one host→device copy.
             Leading axes are batches: the step function broadcasts over them itself (no
-            vmap), which lets it sum requests as vector operations across batches."""
+            vmap), which lets it sum requests as vector operations across batches.
+            Returns the 9 packed figures and, last, the count of negative request entries
+            (the sign check of the array entry point, in the same pass)."""
             self.traces += 1                       # runs at trace time only
             r = (packed.shape[-1] - 3) // 2
             sched, comp = packed[..., :r], packed[..., r:2 * r]
             batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
-            return pack(step_fn(unpack(flat), batch))
+            est, negative = step_fn.checked(unpack(flat), batch)
+            rows = pack(est)
+            return jnp.concatenate([rows, negative.astype(rows.dtype)[..., None]], axis=-1)
 
         def many(flat, sched, comp, scal):
             """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
@@ -184,10 +188,10 @@ class _Compiled:
             sched, comp = packed[..., :r], packed[..., r:2 * r]
             batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
-            sums = sum_requests(plan, batch, dt)
+            sums = sum_requests(plan, batch, dt, check=True)
             lanes[:] = list(sums)
-            return jnp.stack(list(sums.values()) + [packed[2 * r + i].astype(dt)
-                                                    for i in range(3)])
+            return jnp.stack([v.astype(dt) for v in sums.values()]
+                             + [packed[2 * r + i].astype(dt) for i in range(3)])
 
         def from_sums(flat, vec):
             """The second half: the step from the sums; one program for every bucket, on
@@ -195,8 +199,9 @@ class _Compiled:
             self.traces += 1
             n = len(lanes)
             batch = BatchArrays(None, None, None, vec[n], vec[n + 1], vec[n + 2])
-            sums = {key: vec[i] for i, key in enumerate(lanes)}
-            return pack(step_fn.from_sums(unpack(flat), batch, sums))
+            sums = {key: vec[i] for i, key in enumerate(lanes) if key != "negative"}
+            rows = pack(step_fn.from_sums(unpack(flat), batch, sums))
+            return jnp.concatenate([rows, vec[lanes.index("negative")][None]])
 
         def grad_of(field: int):
             def value(flat, packed):
@@ -404,8 +409,9 @@ class Kernel:
         return batch.pad_to(size)
 
     def _pack(self, batch: Batch | None, scheduled, computed, decode_threshold, sm_budget,
-              pad_tokens) -> np.ndarray:
-        """The int32 ``(2R + 3,)`` input of the packed step program (validated)."""
+              pad_tokens, sign: bool = True) -> np.ndarray:
+        """The int32 ``(2R + 3,)`` input of the packed step program (validated; with
+        ``sign=False`` the sign of int32 arrays is left to the program's count)."""
         if batch is not None:
             if scheduled is not None or computed is not None:
                 raise ArgumentError("batch", "give a Batch or scheduled/computed arrays, "
@@ -419,16 +425,17 @@ class Kernel:
             if scheduled is None:
                 raise ArgumentError("scheduled", "step_time needs a Batch or a scheduled "
                                     "array")
-            s = _v.tokens_array("scheduled", scheduled)
+            s = _v.tokens_array("scheduled", scheduled, sign=sign)
             c = (np.zeros(s.shape[0], np.int32) if computed is None
-                 else _v.tokens_array("computed", computed, s.shape[0]))
+                 else _v.tokens_array("computed", computed, s.shape[0], sign=sign))
             scal = _v.step_scalars(decode_threshold, sm_budget, pad_tokens)
         n = s.shape[0]
         size = bucket_for(n, self.buckets)
         packed = np.zeros(2 * size + 3, np.int32)
         packed[:n] = s
         packed[size:size + n] = c
-        packed[2 * size:] = scal
+        end = 2 * size
+        packed[end], packed[end + 1], packed[end + 2] = scal
         return packed
 
     def step_time(self, batch: Batch | None = None, *, scheduled=None, computed=None,
@@ -441,8 +448,12 @@ class Kernel:
         as ``Batch`` checks them — the cheapest call for a simulator.
         """
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
-                            pad_tokens)
-        return _estimate(self._c.step(self._flat, packed).tolist())
+                            pad_tokens, sign=False)     # the program counts negatives
+        vals = self._c.step(self._flat, packed).tolist()
+        if vals[-1]:
+            _negative_input((packed[None, :(len(packed) - 3) // 2],
+                             packed[None, (len(packed) - 3) // 2:-3]), 0, 1)
+        return _estimate(vals)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,

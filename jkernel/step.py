@@ -146,10 +146,11 @@ class NeedsRequests(ValueError):
     """A plan whose step reads per-request arrays after the request reduction."""
 
 
-def sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
-    """The step's request sums (lane key → array of the batch shape, in ``dt``): the first
-    half of the step, which :func:`make_step_fn`'s ``from_sums`` completes."""
-    return _sum_requests(plan, batch, dt)
+def sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
+    """The step's request sums (lane key → array of the batch shape, in ``dt``; with
+    ``check``, also ``"negative"``, the int32 count of negative inputs): the first half of
+    the step, which :func:`make_step_fn`'s ``from_sums`` completes."""
+    return _sum_requests(plan, batch, dt, check)
 
 
 def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool = False

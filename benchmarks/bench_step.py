@@ -13,7 +13,9 @@ Prints the machine, the device and the load (``os.getloadavg``) before and after
   5. one batch's gradient against its forward call (≤ 3 ×), and over 4,096 batches;
   6. ``jkernel price … --batch 32x1@4096`` as a whole process against
      ``python -c "import jax"`` (≤ 1.5 ×; the second run of the command, settings as shipped);
-  7. compile of one bucket (≤ 1 s) — a fresh trace, lowering and XLA compile;
+  7. compile of one bucket (≤ 1 s) — a fresh trace, lowering and XLA compile (where a
+     bucket from 64 requests up is its request reduction alone, the program shared by
+     every bucket is timed once beside it);
   8. the 256-request step with XLA's CPU client at its default thread count against one
      thread (what the entry points now choose), each in a fresh process.
 
@@ -37,10 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
 import jkernel  # noqa: E402  (importing configures nothing; the first open does)
 from jkernel import Batch  # noqa: E402
+
+# the checkout whose jkernel is measured (PYTHONPATH), not necessarily this script's: the
+# whole-process and thread figures run that one too
+ROOT = Path(jkernel.__file__).resolve().parent.parent
 
 NEW = hasattr(jkernel, "ArgumentError")          # the jkernel of issue 14
 if NEW:      # measure compiles honestly in this process (the CLI figure uses the cache)
@@ -263,16 +267,28 @@ def main() -> None:
 
     # 7: compile of one bucket ------------------------------------------------------------------
     comp_s = []
-    for size in k.buckets[:2] if quick else k.buckets:
-        packed = np.zeros(2 * size + 3, np.int32)
-        from jkernel.kernel import _Compiled
+    from jkernel.kernel import _Compiled
 
+    split = hasattr(k._c, "reduce_requests")    # a bucket is its request reduction alone
+    for size in k.buckets[:3] if quick else k.buckets:
+        packed = np.zeros(2 * size + 3, np.int32)
         fresh = _Compiled(k.plan, k.options, k._c.names)      # new functions: a cold trace
         t0 = time.perf_counter()
-        fresh.one.lower(k._flat, packed).compile()
+        if split and 2 * size + 3 > 128:
+            fresh.reduce_requests.lower(packed, k._flat.dtype).compile()
+        else:
+            fresh.one.lower(k._flat, packed).compile()
         comp_s.append((size, time.perf_counter() - t0))
     row("compile of one bucket (trace + lower + XLA), s",
         ", ".join(f"{sz}: {t:.2f}" for sz, t in comp_s), "≤ 1 s")
+    if split:
+        fresh = _Compiled(k.plan, k.options, k._c.names)
+        packed = np.zeros(2 * 64 + 3, np.int32)
+        vec = fresh.reduce_requests(packed, k._flat.dtype)
+        t0 = time.perf_counter()
+        fresh.from_sums.lower(k._flat, vec).compile()
+        row("   + once per kernel structure: the step from the sums, s",
+            f"{time.perf_counter() - t0:.2f}")
 
     # 6: the command as a whole process against importing jax ----------------------------------
     with tempfile.TemporaryDirectory() as home:

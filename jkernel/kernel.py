@@ -12,8 +12,10 @@ into one array and the batch into two, so a call costs a few microseconds of dis
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +33,8 @@ from .errors import Refusal
 from .params import Params
 from .plan import Plan
 from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
-from .step import RESOURCES, BatchArrays, StepEstimate, StepOptions, make_step_fn
+from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
+                   make_step_fn, sum_requests)
 from . import validate as _v
 from .validate import ArgumentError
 
@@ -40,6 +43,10 @@ __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
 
 #: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+#: The largest packed single-step input (int32 entries) that runs as one program: XLA's CPU
+#: runtime runs a program inline when all its buffers are ≤ 512 bytes.
+_SMALL_PACKED = 128
 
 _PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
     ("bottleneck",)
@@ -147,24 +154,54 @@ class _Compiled:
             """``packed``: int32 ``(..., 2R + 3)`` = scheduled (R), computed (R), then
             decode_threshold, sm_budget, pad_tokens; one array, so one host→device copy.
             Leading axes are batches: the step function broadcasts over them itself (no
-            vmap), which lets it sum requests as vector operations across batches."""
+            vmap), which lets it sum requests as vector operations across batches.
+            Returns the 9 packed figures and, last, the count of negative request entries
+            (the sign check of the array entry point, in the same pass)."""
             self.traces += 1                       # runs at trace time only
             r = (packed.shape[-1] - 3) // 2
             sched, comp = packed[..., :r], packed[..., r:2 * r]
             batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
                                 packed[..., 2 * r + 1], packed[..., 2 * r + 2])
-            return pack(step_fn(unpack(flat), batch))
+            est, negative = step_fn.checked(unpack(flat), batch)
+            rows = pack(est)
+            return jnp.concatenate([rows, negative.astype(rows.dtype)[..., None]], axis=-1)
 
         def many(flat, sched, comp, scal):
             """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
             slices the caller's arrays into chunks without copying them into one. Also
-            returns the smallest ``scheduled`` and ``computed`` (int32 ``(2,)``): the sign
-            check of int32 inputs rides on this one read of them instead of a host pass."""
+            returns how many requests of each batch have a negative ``scheduled`` or
+            ``computed`` (int32 ``(B,)``): the sign check of int32 inputs is a lane of the
+            step's one pass over the requests, not a second read of them."""
             self.traces += 1
             batch = BatchArrays(sched, comp, sched > 0, scal[..., 0], scal[..., 1],
                                 scal[..., 2])
-            lows = jnp.stack([jnp.min(sched, initial=0), jnp.min(comp, initial=0)])
-            return pack(step_fn(unpack(flat), batch)), lows
+            est, negative = step_fn.checked(unpack(flat), batch)
+            return pack(est), negative
+
+        lanes: list = []               # the request sums' keys, in order (set when traced)
+
+        def reduce_requests(packed, dt):
+            """The first half of a single step: the request sums (and the three scalars)
+            as one ``dt`` vector. Few kernels, so XLA's CPU runtime runs it inline."""
+            self.traces += 1
+            r = (packed.shape[-1] - 3) // 2
+            sched, comp = packed[..., :r], packed[..., r:2 * r]
+            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
+                                packed[..., 2 * r + 1], packed[..., 2 * r + 2])
+            sums = sum_requests(plan, batch, dt, check=True)
+            lanes[:] = list(sums)
+            return jnp.stack([v.astype(dt) for v in sums.values()]
+                             + [packed[2 * r + i].astype(dt) for i in range(3)])
+
+        def from_sums(flat, vec):
+            """The second half: the step from the sums; one program for every bucket, on
+            buffers of a few hundred bytes."""
+            self.traces += 1
+            n = len(lanes)
+            batch = BatchArrays(None, None, None, vec[n], vec[n + 1], vec[n + 2])
+            sums = {key: vec[i] for i, key in enumerate(lanes) if key != "negative"}
+            rows = pack(step_fn.from_sums(unpack(flat), batch, sums))
+            return jnp.concatenate([rows, vec[lanes.index("negative")][None]])
 
         def grad_of(field: int):
             def value(flat, packed):
@@ -176,9 +213,45 @@ class _Compiled:
         self.one = jax.jit(one)
         self.many = jax.jit(many)
         self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None, None)))
+
+        @functools.lru_cache(maxsize=8)
+        def at(offsets: tuple[int, int], sweep: bool):
+            """``many`` (or ``sweep``) on flat views of ``scheduled`` and ``computed`` whose
+            first ``offsets`` elements precede the batches (see :func:`_view_from_boundary`)."""
+            def run(flat, s_view, c_view, scal):
+                b = scal.shape[0]
+                sched = s_view[offsets[0]:].reshape(b, -1)
+                comp = c_view[offsets[1]:].reshape(b, -1)
+                return many(flat, sched, comp, scal)
+            return jax.jit(jax.vmap(run, in_axes=(0, None, None, None)) if sweep else run)
+
+        self.at = at
         self.jit_step = jax.jit(step_fn)
+        self.reduce_requests = jax.jit(reduce_requests, static_argnums=1)
+        self.from_sums = jax.jit(from_sums)
+        self._split: bool | None = None
         self._grads: dict[int, Any] = {}
         self._grad_of = grad_of
+
+    def step(self, flat, packed) -> np.ndarray:
+        """One packed step's 9 figures (float64 numpy). A batch whose input exceeds 512
+        bytes (64 requests and up) runs as two programs, the request reduction and the
+        rest: XLA's CPU runtime runs a program inline only when it has few kernels or all
+        its buffers are at most 512 bytes, and otherwise schedules its ~40 kernels over its
+        thread pool, which cost a fixed ~12-25 µs (more than the second dispatch). Plans
+        that read the requests after the reduction (DCP's context gather) stay one program."""
+        if packed.shape[-1] <= _SMALL_PACKED or self._split is False:
+            return np.asarray(self.one(flat, packed))
+        if self._split is None:
+            try:
+                vec = self.reduce_requests(packed, flat.dtype)
+                out = np.asarray(self.from_sums(flat, vec))
+            except NeedsRequests:
+                self._split = False
+                return np.asarray(self.one(flat, packed))
+            self._split = True
+            return out
+        return np.asarray(self.from_sums(flat, self.reduce_requests(packed, flat.dtype)))
 
     def grad(self, field: int):
         """``jit(value_and_grad)`` of one packed output column w.r.t. the flat params: one
@@ -204,6 +277,80 @@ def _estimates(rows: np.ndarray) -> StepEstimate:
     per = {r: rows[..., 3 + i] for i, r in enumerate(RESOURCES)}
     return StepEstimate(rows[..., 0], rows[..., 1], rows[..., 2], per,
                         rows[..., 8].astype(np.int32))
+
+
+#: XLA's CPU runtime reads a host array in place (no copy) when it starts on a 64-byte
+#: boundary; numpy's allocations are 16-byte aligned, so most callers' arrays are copied.
+_ALIGN = 64
+
+
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a :data:`_ALIGN`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    off = -raw.ctypes.data % _ALIGN
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _view_from_boundary(x: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``x`` (C-contiguous) as the tail of a flat view that starts at the 64-byte boundary
+    at or below its first byte: ``(view, offset)`` with ``view[offset:]`` = ``x.ravel()``,
+    so XLA's CPU runtime reads it in place and the program skips the first ``offset``
+    elements. Only bytes of the page holding ``x``'s first byte are added (a page is a
+    whole number of 64-byte blocks), so nothing unmapped is touched; nothing is written.
+    None when ``x`` does not start on a multiple of its item size."""
+    head = x.ctypes.data % _ALIGN
+    if head % x.itemsize or not x.flags.c_contiguous:
+        return None
+    off = head // x.itemsize
+    raw = (ctypes.c_char * ((x.size + off) * x.itemsize)).from_address(x.ctypes.data - head)
+    return np.frombuffer(raw, x.dtype), off
+
+
+def _in_place(x: np.ndarray) -> bool:
+    """Whether XLA's CPU runtime can read ``x`` without copying it."""
+    return x.flags.c_contiguous and x.ctypes.data % _ALIGN == 0
+
+
+class _Staging:
+    """Reusable aligned host buffers for the bulk path's chunks that XLA cannot read in
+    place (unaligned, or the short last chunk): one copy into memory that is already
+    mapped, where a fresh buffer per chunk page-faulted its way through every chunk (the
+    copy cost ~10 × the NumPy pass it replaced). A buffer is held by one chunk from its
+    fill until its result has been read back (the program reads its inputs in place), then
+    returned; at most ``keep`` buffers stay cached."""
+
+    def __init__(self, keep: int = 3 * _WORKERS):
+        self._free: list = []
+        self._lock = threading.Lock()
+        self._keep = keep
+
+    def take(self, shape: tuple, dtype) -> np.ndarray:
+        """A buffer of ``shape`` and ``dtype``, reused when a free one matches."""
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.shape == shape and buf.dtype == dtype:
+                    return self._free.pop(i)
+        return _aligned_empty(shape, dtype)
+
+    def give(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.insert(0, buf)
+            del self._free[self._keep:]
+
+
+_STAGING = _Staging()
+
+
+def _negative_input(arrays, start: int, size: int) -> None:
+    """Raise for the negative token count the pricing program found in rows
+    ``start:start + size`` (read again on the host only on this error path)."""
+    for name, x in zip(("scheduled", "computed"), arrays[:2]):
+        low = int(x[start:start + size].min())
+        if low < 0:
+            raise ArgumentError(name, f"must be ≥ 0, got {low}")
+    raise ArgumentError("scheduled", "must be ≥ 0")          # unreachable: one was negative
 
 
 class Kernel:
@@ -262,8 +409,9 @@ class Kernel:
         return batch.pad_to(size)
 
     def _pack(self, batch: Batch | None, scheduled, computed, decode_threshold, sm_budget,
-              pad_tokens) -> np.ndarray:
-        """The int32 ``(2R + 3,)`` input of the packed step program (validated)."""
+              pad_tokens, sign: bool = True) -> np.ndarray:
+        """The int32 ``(2R + 3,)`` input of the packed step program (validated; with
+        ``sign=False`` the sign of int32 arrays is left to the program's count)."""
         if batch is not None:
             if scheduled is not None or computed is not None:
                 raise ArgumentError("batch", "give a Batch or scheduled/computed arrays, "
@@ -277,16 +425,17 @@ class Kernel:
             if scheduled is None:
                 raise ArgumentError("scheduled", "step_time needs a Batch or a scheduled "
                                     "array")
-            s = _v.tokens_array("scheduled", scheduled)
+            s = _v.tokens_array("scheduled", scheduled, sign=sign)
             c = (np.zeros(s.shape[0], np.int32) if computed is None
-                 else _v.tokens_array("computed", computed, s.shape[0]))
+                 else _v.tokens_array("computed", computed, s.shape[0], sign=sign))
             scal = _v.step_scalars(decode_threshold, sm_budget, pad_tokens)
         n = s.shape[0]
         size = bucket_for(n, self.buckets)
         packed = np.zeros(2 * size + 3, np.int32)
         packed[:n] = s
         packed[size:size + n] = c
-        packed[2 * size:] = scal
+        end = 2 * size
+        packed[end], packed[end + 1], packed[end + 2] = scal
         return packed
 
     def step_time(self, batch: Batch | None = None, *, scheduled=None, computed=None,
@@ -299,8 +448,12 @@ class Kernel:
         as ``Batch`` checks them — the cheapest call for a simulator.
         """
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
-                            pad_tokens)
-        return _estimate(np.asarray(self._c.one(self._flat, packed)).tolist())
+                            pad_tokens, sign=False)     # the program counts negatives
+        vals = self._c.step(self._flat, packed).tolist()
+        if vals[-1]:
+            _negative_input((packed[None, :(len(packed) - 3) // 2],
+                             packed[None, (len(packed) - 3) // 2:-3]), 0, 1)
+        return _estimate(vals)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,
@@ -334,7 +487,7 @@ class Kernel:
         for size in buckets or self.buckets:
             packed = np.zeros(2 * size + 3, np.int32)
             packed[-3] = 1
-            self._c.one(self._flat, packed).block_until_ready()
+            self._c.step(self._flat, packed)
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, decode_threshold=1, sm_budget=0,
@@ -342,12 +495,12 @@ class Kernel:
         """Price many batches with one program, in chunks of ``chunk`` batches.
 
         Either a list of :class:`Batch`, or arrays ``scheduled`` / ``computed`` of shape
-        ``(batches, requests)``, zero-padded; the
-        scalars may be ints or arrays of shape ``(batches,)``, checked as ``Batch`` checks
-        them. int32 C-contiguous arrays are not copied on the host and their sign is
-        checked by the same program that prices them; on CPU, XLA reads them in place when
-        they are 64-byte aligned (else each chunk is copied once on its way in). ``dtype=jnp.float32`` prices in single
-        precision. With several devices (``jax.local_devices()``), every chunk is split
+        ``(batches, requests)``, zero-padded; the scalars may be ints or arrays of shape
+        ``(batches,)``, checked as ``Batch`` checks them. int32 C-contiguous arrays are not
+        copied on the host and their sign is checked in the same pass of the program that
+        prices them; on CPU, XLA reads them in place when they are 64-byte aligned (else
+        each chunk is copied once into a reused aligned buffer). ``dtype=jnp.float32``
+        prices in single precision. With several devices (``jax.local_devices()``), every chunk is split
         over all of them along the batch axis (same results as one device). Memory stays
         bounded by the chunk, however many batches come. Returns a :class:`StepEstimate`
         of numpy arrays of shape ``(batches,)``; zero batches give empty arrays.
@@ -355,7 +508,9 @@ class Kernel:
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk))
+        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
+                                        at=lambda o: functools.partial(self._c.at(o, False),
+                                                                       flat)))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -382,7 +537,8 @@ class Kernel:
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1,
-                             sets=flat.shape[0])
+                             sets=flat.shape[0],
+                             at=lambda o: functools.partial(self._c.at(o, True), flat))
         return _estimates(rows)
 
     def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
@@ -399,9 +555,10 @@ class Kernel:
                     raise ArgumentError(f"batches[{j}]", f"must be a jkernel.Batch, not "
                                         f"{type(b).__name__}")
             width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            s = np.zeros((len(batches), width), np.int32)
-            c = np.zeros((len(batches), width), np.int32)
-            scal = np.zeros((len(batches), 3), np.int32)
+            s, c = (_aligned_empty((len(batches), width), np.int32) for _ in "sc")
+            scal = _aligned_empty((len(batches), 3), np.int32)
+            for x in (s, c, scal):
+                x[...] = 0
             for j, b in enumerate(batches):
                 s[j, :len(b)] = b.scheduled
                 c[j, :len(b)] = b.computed
@@ -415,19 +572,23 @@ class Kernel:
             raise ArgumentError("computed", f"must have the shape of scheduled {s.shape} "
                                 f"(batches, requests), got {c.shape}")
         nb = s.shape[0]
-        scal = np.stack([_v.scalar_column("decode_threshold", decode_threshold, nb),
-                         _v.scalar_column("sm_budget", sm_budget, nb),
-                         _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)], axis=1)
+        scal = _aligned_empty((nb, 3), np.int32)          # read in place by the program
+        scal[:, 0] = _v.scalar_column("decode_threshold", decode_threshold, nb)
+        scal[:, 1] = _v.scalar_column("sm_budget", sm_budget, nb)
+        scal[:, 2] = _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)
         return s, c, scal
 
     @staticmethod
     def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0,
-                 sets: int = 0):
+                 sets: int = 0, at=None):
         """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
         every chunk runs one program). One device: two chunks at a time, as XLA runs each
         program on the calling thread and releases the GIL, so a second thread keeps a
         second core busy. Several devices: each chunk is split over all of them along the
-        batch axis (``jax.sharding``), one chunk at a time."""
+        batch axis (``jax.sharding``), one chunk at a time. On one CPU device, a whole chunk
+        of ``scheduled``/``computed`` that is not 64-byte aligned is read in place through
+        a view from the boundary below it (``at(offsets)`` gives the program that skips
+        the offsets) instead of being copied."""
         n = arrays[0].shape[0]
         chunk = int(chunk)
         if chunk < 1:
@@ -439,6 +600,7 @@ class Kernel:
         if jax.config.jax_default_device is not None:     # `with jax.default_device(d)`
             devices = [jax.config.jax_default_device]
         size = min(chunk, n)
+        on_cpu = getattr(devices[0], "platform", devices[0]) == "cpu"   # else: copied anyway
         put = functools.partial(jax.device_put, may_alias=True)
         if len(devices) > 1:
             from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -451,17 +613,36 @@ class Kernel:
 
         def run(start: int) -> np.ndarray:
             parts = [x[start:start + size] for x in arrays]
-            short = size - parts[0].shape[0]
-            if short:
-                parts = [np.concatenate([x, np.zeros((short,) + x.shape[1:], x.dtype)])
-                         for x in parts]
-            rows, lows = fn(*(put(x) for x in parts))
-            lows = np.asarray(lows).reshape(-1, 2).min(axis=0)
-            for name, low in zip(("scheduled", "computed"), lows):
-                if low < 0:
-                    raise ArgumentError(name, f"must be ≥ 0, got {int(low)}")
-            out = np.asarray(rows)
-            return out.take(np.arange(size - short), axis=axis) if short else out
+            rows_in = parts[0].shape[0]
+            short = size - rows_in
+            staged = []
+            call = fn
+            if at is not None and on_cpu and len(devices) == 1 and not short and not all(
+                    _in_place(x) for x in parts[:2]):
+                views = [(x, 0) if _in_place(x) else _view_from_boundary(x)
+                         for x in parts[:2]]
+                if all(v is not None for v in views):
+                    parts[0], parts[1] = (v[0].reshape(-1) for v in views)
+                    call = at((views[0][1], views[1][1]))
+            for j, x in enumerate(parts):
+                if short or (on_cpu and not _in_place(x)):
+                    buf = _STAGING.take((size,) + x.shape[1:], x.dtype)
+                    buf[:rows_in] = x
+                    if short:
+                        buf[rows_in:] = 0
+                    parts[j] = buf
+                    staged.append(buf)
+            try:
+                rows, negative = call(*(put(x) for x in parts))
+                if np.asarray(negative).any():
+                    _negative_input(arrays, start, size)
+                out = np.asarray(rows)
+                if short:
+                    out = out.take(np.arange(rows_in), axis=axis)
+            finally:
+                for buf in staged:
+                    _STAGING.give(buf)
+            return out
 
         starts = range(0, n, size)
         workers = 1 if len(devices) > 1 else min(len(starts), _WORKERS)

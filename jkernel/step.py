@@ -125,25 +125,88 @@ def make_step_fn(plan: Plan, options: StepOptions = StepOptions()):
     def step_fn(params, batch: BatchArrays) -> StepEstimate:
         return _price(plan, options, params, batch)
 
+    def checked(params, batch: BatchArrays):
+        """``(StepEstimate, negative)``: ``negative`` (int32, the batch shape) counts the
+        requests with a negative ``scheduled`` or ``computed``, in the same pass over the
+        requests (the bulk path's validity check; the estimate treats them as D32 says)."""
+        return _price(plan, options, params, batch, check=True)
+
+    def from_sums(params, batch: BatchArrays, sums: dict) -> StepEstimate:
+        """The estimate from the request sums of :func:`sum_requests` (``batch`` gives the
+        scalars; its request arrays may be None). Raises :class:`NeedsRequests` for a plan
+        that reads per-request arrays after the reduction (the DCP context gather)."""
+        return _price(plan, options, params, batch, sums=sums)
+
+    step_fn.checked = checked
+    step_fn.from_sums = from_sums
     step_fn.plan = plan
     step_fn.options = options
     return step_fn
 
 
-def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
+class NeedsRequests(ValueError):
+    """A plan whose step reads per-request arrays after the request reduction."""
+
+
+def sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
+    """The step's request sums (lane key → array of the batch shape, in ``dt``; with
+    ``check``, also ``"negative"``, the int32 count of negative inputs): the first half of
+    the step, which :func:`make_step_fn`'s ``from_sums`` completes."""
+    return _sum_requests(plan, batch, dt, check)
+
+
+def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool = False
+                   ) -> dict:
     """Per-request quantities of step.md §4 (elementwise: any shape of requests).
 
     Returns lane key → array of the request shape; the step sums each over the requests.
     Keys are static: names for the token counts, a :class:`~jkernel.terms.ReadShape` for
     each distinct shaped decode read, ``("window", w)`` for each window's causal FLOPs.
+
+    ``it``: an integer dtype (int64) for the lanes whose per-request values are whole
+    numbers below 2³⁴ (token counts, request counts, contexts, window-capped reads): they
+    are computed and summed in integers from the int inputs, where XLA's CPU loop
+    vectorises the sum (a float sum is one serial chain, which fixed the bulk path's speed).
+    Every partial sum of such a lane is an integer below 2⁵³, so the float sum the step
+    used before is exact and equal to the integer sum converted: no price moves. The
+    other lanes (causal FLOPs, PCP splits, sparse and DCP reads) stay in ``dt`` in the same
+    order as before. ``it=None`` (or float inputs) computes every lane in ``dt``.
+    ``check``: add ``"negative"``, the count of requests with a negative ``scheduled`` or
+    ``computed`` (the bulk path's validity check, in the same pass).
     """
-    s_in = s_in.astype(dt)
-    live = mask & (s_in > 0)                                  # D32: scheduled 0 is padding
-    s = jnp.where(live, s_in, 0.0)
+    ints = (it is not None and jnp.issubdtype(jnp.result_type(s_in), jnp.integer)
+            and jnp.issubdtype(jnp.result_type(c_in), jnp.integer))
+    neg = ((s_in < 0) | (c_in < 0)).astype(jnp.int32) if check else None
+    lanes: dict = {}
+    if ints:
+        live = mask & (s_in > 0)                              # D32: scheduled 0 is padding
+        si = jnp.where(live, s_in, 0).astype(it)
+        ci = jnp.where(live, jnp.maximum(c_in, 0), 0).astype(it)
+        pre = live & (si > thr)
+        dec = live & ~pre
+        ctx_i = si + ci
+        zi = jnp.zeros((), it)
+        count = lambda m: m.astype(jnp.int32)  # noqa: E731
+        lanes = {"tokens": si, "n_live": count(live),
+                 "nonuniform": count(live & (si != plan.uniform_decode_width)),
+                 "prefill_requests": count(pre),
+                 "decode_kv_tokens": jnp.where(dec, ctx_i, zi)}
+        if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
+            lanes["context"] = count(live & (ci > 0))
+        if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
+            # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
+            lanes["prefill_context"] = count(pre & (ci > 0))
+            lanes[("row_max", "context")] = jnp.where(pre, ci, zi)
+        if plan.pcp <= 1:
+            lanes["prefill_tokens"] = jnp.where(pre, si, zi)
+    if not ints:
+        live = mask & (s_in > 0)                              # D32: scheduled 0 is padding
+    s = jnp.where(live, s_in.astype(dt), 0.0)
     c = jnp.where(live, jnp.maximum(c_in.astype(dt), 0.0), 0.0)
     ctx = s + c            # > 0 for every live request, so the walk skips none of them
-    pre = live & (s > thr)
-    dec = live & ~pre
+    if not ints:           # (the integer masks above are the same booleans)
+        pre = live & (s > thr.astype(dt))
+        dec = live & ~pre
     zero = jnp.zeros_like(s)
     if plan.pcp > 1:
         s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
@@ -155,38 +218,49 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
         chunk_s, chunk_c = s[..., None], c[..., None]
     # decode_requests and decode_tokens follow from these (see _Batch): fewer lanes, one
     # pass over the requests with less work per request
-    lanes = {
-        "tokens": s, "n_live": live,
-        "nonuniform": live & (s != plan.uniform_decode_width),
-        "causal_flops": jnp.where(pre, pairs, zero),
-        "prefill_tokens": jnp.where(pre, s_loc, zero),
-        "prefill_requests": pre,
-        "decode_kv_tokens": jnp.where(dec, ctx, zero),
-    }
-    if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
-        lanes["context"] = live & (c > 0)
-    if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
-        # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
-        lanes["prefill_context"] = pre & (c > 0)
-        lanes[("row_max", "context")] = jnp.where(pre, c, zero)
+    if not ints:
+        lanes = {
+            "tokens": s, "n_live": live,
+            "nonuniform": live & (s != plan.uniform_decode_width),
+            "prefill_tokens": jnp.where(pre, s_loc, zero),
+            "prefill_requests": pre,
+            "decode_kv_tokens": jnp.where(dec, ctx, zero),
+        }
+        if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
+            lanes["context"] = live & (c > 0)
+        if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
+            # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
+            lanes["prefill_context"] = pre & (c > 0)
+            lanes[("row_max", "context")] = jnp.where(pre, c, zero)
+    elif plan.pcp > 1:
+        lanes["prefill_tokens"] = jnp.where(pre, s_loc, zero)
+    lanes["causal_flops"] = jnp.where(pre, pairs, zero)
     if plan.pcp > 1:
         lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
     shapes = _read_shapes(plan)
+
+    def read(shape, at_int, at, where):
+        """One shaped read lane: in integers when it is a window cap alone."""
+        if ints and _integral(shape):
+            return jnp.where(where, jnp.minimum(at_int, shape.window), zi)
+        return jnp.where(where, terms.primary_read(shape, at), zero)
+
     for shape in shapes:
-        lanes[shape] = jnp.where(dec, terms.primary_read(shape, ctx), zero)
+        lanes[shape] = read(shape, ctx_i if ints else None, ctx, dec)
     if plan.draft_kinds:
         # a later draft pass: every live request runs one token at its context + 1
-        lanes["draft_context"] = jnp.where(live, ctx + 1.0, zero)
+        lanes["draft_context"] = (jnp.where(live, ctx_i + 1, zi) if ints
+                                  else jnp.where(live, ctx + 1.0, zero))
         for shape in shapes:
-            lanes[shape.for_draft()] = jnp.where(live, terms.primary_read(shape, ctx + 1.0),
-                                                 zero)
+            lanes[shape.for_draft()] = read(shape, ctx_i + 1 if ints else None, ctx + 1.0,
+                                            live)
     for window in _windows(plan):
         lanes[("window", window)] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
                                                                mask=pre[..., None])
     # expected_s (refinement 6): every live request's read of its cache, prefills included
-    lanes["live_kv_tokens"] = jnp.where(live, ctx, zero)
+    lanes["live_kv_tokens"] = jnp.where(live, ctx_i, zi) if ints else jnp.where(live, ctx, zero)
     for shape in shapes:
-        lanes[("live", shape)] = jnp.where(live, terms.primary_read(shape, ctx), zero)
+        lanes[("live", shape)] = read(shape, ctx_i if ints else None, ctx, live)
     # expected_s (refinement 7): each prefill's causal work per row, maximised (not summed)
     if plan.pcp > 1:
         # expected_s (refinement 8): vLLM's balanced split of a prefill over the PCP ranks
@@ -195,14 +269,24 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt) -> dict:
         lanes["pcp_rows"] = jnp.where(pre, jnp.maximum(2.0 * half, thr), zero)
         lanes["pcp_pairs"] = jnp.where(pre, 8.0 * half * (c + plan.pcp * half), zero)
         lanes[("row_max", 0)] = jnp.where(pre, 4.0 * (c + plan.pcp * half), zero)
+    elif ints:
+        lanes[("row_max", 0)] = jnp.where(pre, 4 * ci + 2 * si, zi)   # causal_pairs / s
     else:
-        lanes[("row_max", 0)] = jnp.where(pre, 4.0 * c + 2.0 * s, zero)   # causal_pairs / s
+        lanes[("row_max", 0)] = jnp.where(pre, 4.0 * c + 2.0 * s, zero)
     for window in _windows(plan):
         chunk_rows = jnp.sum(chunk_s, axis=-1)
         lanes[("row_max", window)] = jnp.where(
             pre & (chunk_rows > 0), laws.windowed_causal_flops(chunk_s, chunk_c, window)
             / jnp.where(chunk_rows > 0, chunk_rows, 1.0), zero)
-    return {k: v.astype(dt) for k, v in lanes.items()}
+    if check:
+        lanes["negative"] = neg
+    return {k: v if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(dt)
+            for k, v in lanes.items()}
+
+
+def _integral(shape) -> bool:
+    """A decode read that is an integer function of the context: a window cap alone."""
+    return shape.window > 0 and shape.sparse_bound <= 0 and shape.dcp <= 1
 
 
 def _read_shapes(plan: Plan) -> list:
@@ -227,26 +311,30 @@ def _windows(plan: Plan) -> list[int]:
                    if k.attention is not None and k.attention.window > 0})
 
 
-def _sum_requests(plan: Plan, batch: BatchArrays, dt) -> dict:
+def _sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
     """Σ over the request axis (the last) of every lane, in ONE variadic reduction.
 
     XLA fuses a tuple-reduce into a single pass over the requests, where separate sums each
     re-read them; with leading batch axes (the bulk path) the same reduction runs across
-    all batches at once.
+    all batches at once. The whole-number lanes are summed in int64 (see
+    :func:`_request_lanes`) when float64 is on, and every sum is returned in ``dt``, except
+    ``"negative"`` (``check``: int32 count of requests with a negative input).
     """
-    thr = jnp.asarray(batch.decode_threshold).astype(dt)[..., None]
+    thr = jnp.asarray(batch.decode_threshold)[..., None]
+    it = jnp.int64 if jax.config.jax_enable_x64 else None
     lanes = _request_lanes(plan, jnp.asarray(batch.scheduled), jnp.asarray(batch.computed),
-                           jnp.asarray(batch.mask), thr, dt)
+                           jnp.asarray(batch.mask), thr, dt, it, check)
     names = list(lanes)
     # the per-row maxima reduce by max (their values are ≥ 0, so 0 is the identity), the
     # rest by sum, all in the same single pass
     is_max = tuple(isinstance(n, tuple) and n[0] == "row_max" for n in names)
-    ops = tuple(jnp.broadcast_to(lanes[n], lanes["tokens"].shape) for n in names)
-    init = tuple(jnp.zeros((), dt) for _ in names)
+    shape = jnp.broadcast_shapes(*(v.shape for v in lanes.values()))
+    ops = tuple(jnp.broadcast_to(lanes[n], shape) for n in names)
+    init = tuple(jnp.zeros((), x.dtype) for x in ops)
     sums = jax.lax.reduce(ops, init, lambda a, b: tuple(
         jnp.maximum(x, y) if m else x + y for x, y, m in zip(a, b, is_max)),
-        (ops[0].ndim - 1,))
-    return dict(zip(names, sums))
+        (len(shape) - 1,))
+    return {n: v if n == "negative" else v.astype(dt) for n, v in zip(names, sums)}
 
 
 class _Batch:
@@ -257,9 +345,11 @@ class _Batch:
     request (a min or ceil of a sum is not the sum of the mins) and summed together.
     """
 
-    def __init__(self, plan: Plan, batch: BatchArrays, dt):
+    def __init__(self, plan: Plan, batch: BatchArrays, dt, check: bool = False, sums=None):
         self._batch, self._dt = batch, dt
-        self.sums = sums = _sum_requests(plan, batch, dt)
+        self.sums = sums = (_sum_requests(plan, batch, dt, check) if sums is None
+                            else dict(sums))
+        self.negative = sums.pop("negative", None)
         self.tokens = sums["tokens"]
         self.n_live = sums["n_live"]
         self.any_context = sums["context"] > 0 if "context" in sums else None  # DCP only
@@ -322,6 +412,8 @@ class _Batch:
     def requests(self):
         """``(s, c, prefill mask)`` per request, for the MLA context gather (DCP only)."""
         b, dt = self._batch, self._dt
+        if b.scheduled is None:
+            raise NeedsRequests("this plan reads per-request arrays after the reduction")
         s_in = jnp.asarray(b.scheduled).astype(dt)
         live = jnp.asarray(b.mask) & (s_in > 0)
         s = jnp.where(live, s_in, 0.0)
@@ -354,8 +446,9 @@ class _Batch:
 class _Step:
     """One batch's token counts with the quantities every layer shares (§4, §5, §6.11)."""
 
-    def __init__(self, plan: Plan, c: terms.Constants, batch: BatchArrays):
-        self.b = b = _Batch(plan, batch, c.dt)
+    def __init__(self, plan: Plan, c: terms.Constants, batch: BatchArrays, check: bool = False,
+                 sums=None):
+        self.b = b = _Batch(plan, batch, c.dt, check, sums)
         sm_count = c.params["sm_count"]
         budget = b.sm_budget
         self.sm_derate = jnp.where((budget > 0) & (budget < sm_count),
@@ -538,15 +631,20 @@ def _published(plan: Plan, priced: _Priced, b: _Batch) -> dict:
     return out
 
 
-def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays) -> StepEstimate:
+def _price(plan: Plan, options: StepOptions, params, batch: BatchArrays,
+           check: bool = False, sums=None):
+    """The step's estimate; with ``check``, ``(estimate, negative)`` where ``negative`` is
+    the int32 count of requests (per batch) with a negative ``scheduled`` or ``computed``,
+    counted in the same single pass over the requests that prices them."""
     c = terms.Constants(plan, params)
-    st = _Step(plan, c, batch)
+    st = _Step(plan, c, batch, check, sums)
     b = st.b
     priced = _terms(plan, options, c, st)
     overlap, no_overlap, per = _edges(plan, options, priced, b, c.zero)
     expected = _expected(plan, options, priced, b, c.zero)
     totals = jnp.stack(jnp.broadcast_arrays(*(per[r] for r in RESOURCES)), axis=-1)
     bottleneck = jnp.where(b.empty, len(RESOURCES) - 1, jnp.argmax(totals, axis=-1))
-    return StepEstimate(overlap_s=overlap, no_overlap_s=no_overlap, expected_s=expected,
-                        per_resource_s=per, bottleneck=bottleneck.astype(jnp.int32),
-                        terms=_published(plan, priced, b))
+    est = StepEstimate(overlap_s=overlap, no_overlap_s=no_overlap, expected_s=expected,
+                       per_resource_s=per, bottleneck=bottleneck.astype(jnp.int32),
+                       terms=_published(plan, priced, b))
+    return (est, b.negative) if check else est

@@ -64,12 +64,14 @@ def _check_values(name: str, arr: np.ndarray, *, lo: int | None = 0) -> np.ndarr
     return arr.astype(np.int32)
 
 
-def tokens_array(name: str, values, n: int | None = None, *, of: str = "scheduled"
-                 ) -> np.ndarray:
-    """A one-dimensional int32 array of token counts (``n`` entries when given)."""
+def tokens_array(name: str, values, n: int | None = None, *, of: str = "scheduled",
+                 sign: bool = True) -> np.ndarray:
+    """A one-dimensional int32 array of token counts (``n`` entries when given).
+    ``sign=False`` leaves the sign of an int32 array to the caller (the step program
+    counts negative entries in its own pass over the requests)."""
     if type(values) is np.ndarray and values.dtype == np.int32 and values.ndim == 1:
         arr = values                                   # the simulator's fast path
-        if arr.size and arr.min() < 0:
+        if sign and arr.size and arr.min() < 0:
             raise ArgumentError(name, f"must be ≥ 0, got {int(arr.min())}")
     else:
         try:

@@ -192,3 +192,56 @@ def test_persistent_compilation_cache_by_option(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=True).stdout
     assert first == second
+
+
+def test_price_many_int32_sign_check_names_the_array_in_any_chunk():
+    """The sign check of int32 inputs is a lane of the pricing pass (no host pass): a
+    negative entry in any chunk, of either array, is refused naming the array and value."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    for name, row in (("scheduled", 0), ("computed", 9), ("scheduled", 6)):
+        s, c = np.ones((10, 16), np.int32), np.full((10, 16), 100, np.int32)
+        ({"scheduled": s, "computed": c}[name])[row, 3] = -7
+        with pytest.raises(ValueError, match=f"{name}: must be ≥ 0, got -7"):
+            k.price_many(scheduled=s, computed=c, chunk=4)
+        with pytest.raises(ValueError, match=f"{name}: must be ≥ 0, got -7"):
+            k.price_sweep([k.params], scheduled=s, computed=c, chunk=4)
+
+
+def test_price_many_same_prices_for_aligned_unaligned_and_short_chunks():
+    """Chunks XLA cannot read in place (not 64-byte aligned, or the short last chunk) are
+    copied into reused buffers: the prices do not depend on that, nor on the chunking."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 3, (37, 64)).astype(np.int32)
+    s[::5, 0] = 700                                                     # some prefills
+    c = rng.integers(0, 9000, (37, 64)).astype(np.int32)
+    raw = np.empty(s.size * 2 + 32, np.int32)                          # an odd offset
+    off = 1 + (-raw.ctypes.data // 4) % 16
+    s_odd = raw[off:off + s.size].reshape(s.shape)
+    s_odd[...] = s
+    whole = k.price_many(scheduled=s, computed=c, chunk=64)
+    for chunk in (5, 16, 37):
+        for sched in (s, s_odd):
+            got = k.price_many(scheduled=sched, computed=c, chunk=chunk)
+            for field in ("overlap_s", "no_overlap_s", "expected_s"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(whole, field))
+    one = k.step_time(Batch(s[5], c[5]))
+    assert whole.expected_s[5] == pytest.approx(one.expected_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("scenario", ["llama-3.1-8b-h100-tp1", "qwen3-235b-a22b-h200-tp8-dcp2"])
+def test_split_single_step_prices_as_the_one_program(scenario):
+    """From 64 requests up a step runs as the request reduction then the step from its sums
+    (XLA's CPU runtime hands a program with buffers over 512 bytes to its thread pool); the
+    figures equal the one-program step to the last bit, and a DCP plan, whose context gather
+    reads the requests after the reduction, falls back to the one program."""
+    k = catalog_kernel(scenario)
+    rng = np.random.default_rng(5)
+    for n in (40, 200):
+        s = np.where(rng.random(n) < 0.8, 1, rng.integers(2, 900, n)).astype(np.int32)
+        c = rng.integers(0, 30000, n).astype(np.int32)
+        got = k.step_time(scheduled=s, computed=c, decode_threshold=1, pad_tokens=3)
+        packed = k._pack(None, s, c, 1, 0, 3)
+        want = np.asarray(k._c.one(k._flat, packed))
+        assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
+        assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()

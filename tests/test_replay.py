@@ -267,12 +267,11 @@ def test_cli_names_a_missing_column(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("clock", ["expected_s", "no_overlap_s"])
-def test_the_fast_pricing_path_prices_exactly_as_step_time(clock):
+def test_the_pool_prices_exactly_as_step_time(clock):
     from jkernel.replay.sim import Pool
 
     k = qwen()
     pool = Pool(k, clock=clock)
-    assert pool._fast is not None
     rng = np.random.default_rng(0)
     for n in (1, 17, 70):
         sched = [int(x) for x in rng.integers(1, 400, n)]

@@ -36,7 +36,6 @@ import math
 
 import numpy as np
 
-from ..batch import Batch
 from ..overheads import Placement
 from .scheduler import PoolLimits, Replica, Seq
 
@@ -105,42 +104,15 @@ class Pool:
         self.completion_us = ticks(kernel.completion_overhead())
         self._admission: dict[int, int] = {}
         self.steps = 0
-        self._column = ("overlap_s", "no_overlap_s", "expected_s").index(clock)
-        self._fast = self._fast_path()
 
-    def _fast_path(self):
-        """The kernel's jitted program for one packed batch, called without building a
-        :class:`Batch` (its validation is a third of a step's cost, and the replay's batches
-        are valid by construction). Used only if it prices two probe batches exactly as
-        ``step_time`` does; otherwise every step goes through ``step_time``."""
-        k = self.kernel
-        try:
-            one, flat, buckets = k._c.one, k._flat, k.buckets
-            from ..batch import bucket_for
-        except AttributeError:
-            return None
-
-        def price(sched, comp, pad):
-            n = len(sched)
-            size = bucket_for(n, buckets)
-            packed = np.zeros(2 * size + 3, np.int32)
-            packed[:n] = sched
-            packed[size:size + n] = comp
-            packed[2 * size] = self.decode_threshold
-            packed[2 * size + 2] = pad
-            return float(np.asarray(one(flat, packed))[self._column])
-
-        try:
-            for sched, comp, pad in (([300, 1, 1], [0, 500, 7], 0),
-                                     ([1] * 20, list(range(20)), 0), ([64], [9], 100)):
-                want = getattr(k.step_time(Batch(sched, comp, pad_tokens=pad,
-                                                 decode_threshold=self.decode_threshold)),
-                               self.clock)
-                if price(sched, comp, pad) != want:
-                    return None
-        except Exception:            # noqa: BLE001 - any mismatch means: use step_time
-            return None
-        return price
+    def _price(self, sched: list, comp: list, pad: int) -> float:
+        """One replica's step through the kernel's array entry point (``step_time`` with
+        ``scheduled=``/``computed=``: no :class:`~jkernel.Batch` to build; int32 arrays are
+        read as they are)."""
+        est = self.kernel.step_time(scheduled=np.array(sched, np.int32),
+                                    computed=np.array(comp, np.int32),
+                                    decode_threshold=self.decode_threshold, pad_tokens=pad)
+        return getattr(est, self.clock)
 
     def admission_us(self, prompt: int) -> int:
         us = self._admission.get(prompt)
@@ -153,24 +125,17 @@ class Pool:
 
     def price(self, per_replica: list) -> int:
         """One engine step over its replicas' batches, in ticks; the slowest replica sets it."""
-        fast = self._fast
-        if self.dp == 1 and fast is not None:
+        if self.dp == 1:
             b = per_replica[0]
-            return step_ticks(fast([x[1] for x in b], [x[2] for x in b], 0))
+            return step_ticks(self._price([x[1] for x in b], [x[2] for x in b], 0))
         tokens = [sum(x[1] for x in b) for b in per_replica]
         top = max(tokens)
         worst = 0.0
-        k = self.kernel
         for b, t in zip(per_replica, tokens):
-            pad = top - t if self.dp > 1 else 0
+            pad = top - t
             if not b and pad == 0:
                 continue
-            if fast is not None:
-                worst = max(worst, fast([x[1] for x in b], [x[2] for x in b], pad))
-                continue
-            batch = Batch([x[1] for x in b], [x[2] for x in b],
-                          decode_threshold=self.decode_threshold, pad_tokens=pad)
-            worst = max(worst, getattr(k.step_time(batch), self.clock))
+            worst = max(worst, self._price([x[1] for x in b], [x[2] for x in b], pad))
         return step_ticks(worst)
 
 

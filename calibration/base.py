@@ -360,8 +360,6 @@ def _jitted(fn):
     return jax.jit(fn)
 
 
-
-
 def _jnp_rows(rows: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: jnp.asarray(v) for k, v in rows.items()}
 

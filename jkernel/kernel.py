@@ -316,8 +316,8 @@ def _in_place(x: np.ndarray) -> bool:
 class _Staging:
     """Reusable aligned host buffers for the bulk path's chunks that XLA cannot read in
     place (unaligned, or the short last chunk): one copy into memory that is already
-    mapped, where a fresh buffer per chunk page-faulted its way through every chunk (the
-    copy cost ~10 × the NumPy pass it replaced). A buffer is held by one chunk from its
+    mapped (a fresh buffer per chunk would page-fault through every chunk). A buffer is
+    held by one chunk from its
     fill until its result has been read back (the program reads its inputs in place), then
     returned; at most ``keep`` buffers stay cached."""
 

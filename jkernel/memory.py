@@ -513,10 +513,9 @@ def _longest_fitting_request(k, pages: int) -> int:
     """Longest request (tokens) whose pages fit ``pages``: binary search on the kernel's
     own sequence sizing (vLLM ``estimate_max_model_len`` searches the same way)."""
     page = k.page_bytes()
-    fixed = -(-int(k.sequence_fixed_bytes()) // page) if page > 0 else 0
 
     def fits(n: int) -> bool:
-        return -(-k.sequence_variable_bytes(n) // page) + fixed <= pages
+        return request_pages(k, n) <= pages
 
     if page <= 0 or not fits(1):
         return 0

@@ -227,7 +227,9 @@ class Plan:
 
 # -- the collectives a plan needs: ONE table -------------------------------------------------
 
-_SHARDABLE = ("gqa", "mla", "sparse_mla")
+#: the attention kinds decode context parallelism shards (and, of them, the latent ones)
+DCP_SHARDABLE = ("gqa", "mla", "sparse_mla")
+LATENT_KINDS = ("mla", "sparse_mla")
 
 
 def _context_parallel_collectives(att: AttentionPlan | None, *, tp: int, dcp: int, pcp: int,
@@ -237,7 +239,7 @@ def _context_parallel_collectives(att: AttentionPlan | None, *, tp: int, dcp: in
     out: list[tuple[str, str]] = []
     if att is None or att.n_q <= 0:
         return out
-    if dcp > 1 and att.kind in _SHARDABLE:
+    if dcp > 1 and att.kind in DCP_SHARDABLE:
         if pcp > 1:
             if dcp > pcp:
                 out.append(("all_gather", "TP"))

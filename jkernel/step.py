@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import laws, terms
-from .plan import Plan
+from .plan import DCP_SHARDABLE, LATENT_KINDS, Plan
 
 __all__ = ["RESOURCES", "BatchArrays", "StepEstimate", "StepOptions", "make_step_fn"]
 
@@ -159,18 +159,22 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool =
                    ) -> dict:
     """Per-request quantities of step.md §4 (elementwise: any shape of requests).
 
-    Returns lane key → array of the request shape; the step sums each over the requests.
-    Keys are static: names for the token counts, a :class:`~jkernel.terms.ReadShape` for
-    each distinct shaped decode read, ``("window", w)`` for each window's causal FLOPs.
+    Returns lane key → array of the request shape; the step sums each over the requests
+    (the ``("row_max", …)`` keys it maximises instead). Keys are static: names for the token
+    counts (and, on context-parallel plans, ``withheld``, ``pcp_rows``, ``pcp_pairs``,
+    ``context``, ``prefill_context``), a :class:`~jkernel.terms.ReadShape` for each distinct
+    shaped decode read, ``("live", shape)`` for every live request's read,
+    ``("window", w)`` for each window's causal FLOPs and ``("row_max", w)`` for the largest
+    prefill row's work.
 
     ``it``: an integer dtype (int64) for the lanes whose per-request values are whole
     numbers below 2³⁴ (token counts, request counts, contexts, window-capped reads): they
     are computed and summed in integers from the int inputs, where XLA's CPU loop
-    vectorises the sum (a float sum is one serial chain, which fixed the bulk path's speed).
-    Every partial sum of such a lane is an integer below 2⁵³, so the float sum the step
-    used before is exact and equal to the integer sum converted: no price moves. The
-    other lanes (causal FLOPs, PCP splits, sparse and DCP reads) stay in ``dt`` in the same
-    order as before. ``it=None`` (or float inputs) computes every lane in ``dt``.
+    vectorises the sum (a float sum is one serial chain). Every partial sum of such a lane
+    is an integer below 2⁵³, so its float sum would be exact and equals the integer sum
+    converted: the two paths price alike to the bit. The other lanes (causal FLOPs, PCP
+    splits, sparse and DCP reads) are in ``dt``. ``it=None`` (or float inputs) computes
+    every lane in ``dt``.
     ``check``: add ``"negative"``, the count of requests with a negative ``scheduled`` or
     ``computed`` (the bulk path's validity check, in the same pass).
     """
@@ -211,6 +215,9 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool =
     if plan.pcp > 1:
         s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
         pairs = laws.pcp_causal_pairs(s, c, plan.pcp, plan.dcp)
+        # the spec's busiest-rank chunks: the windowed lanes read them on both the edges
+        # and expected_s (refinement 8 balances full attention's work, not a window's;
+        # no shipped PCP pool has a sliding window)
         chunk_s, chunk_c = laws.pcp_busiest_chunks(s, c, plan.pcp, plan.dcp)
     else:
         s_loc = s
@@ -302,8 +309,8 @@ def _read_shapes(plan: Plan) -> list:
 
 def _dcp_kinds(plan: Plan, latent: bool) -> bool:
     """Whether the plan has a DCP-sharded primary attention that is latent (or not)."""
-    return any(k.attention is not None and k.attention.kind in terms.SHARDABLE
-               and (k.attention.kind in terms.LATENT) == latent for k in plan.kinds)
+    return any(k.attention is not None and k.attention.kind in DCP_SHARDABLE
+               and (k.attention.kind in LATENT_KINDS) == latent for k in plan.kinds)
 
 
 def _windows(plan: Plan) -> list[int]:
@@ -483,6 +490,9 @@ class _Step:
 class _DraftBatch:
     """Token counts of a later draft pass: every live request decodes one token at its
     context after the target pass. Quacks like :class:`_Batch` for the layer terms."""
+
+    #: never the context-parallel view (draft passes run on the target pass's view)
+    envelope = False
 
     def __init__(self, b: _Batch):
         n = b.n_live

@@ -27,15 +27,14 @@ import jax
 import jax.numpy as jnp
 
 from . import laws
-from .plan import EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan, Plan
+from .plan import (DCP_SHARDABLE, EAGER, FULL, LATENT_KINDS, PIECEWISE, AttentionPlan,
+                   CollectiveKey, GroupPlan, KindPlan, Plan)
 
 __all__ = ["Term", "ReadShape", "read_shape", "primary_read", "Constants", "SERIAL_TERMS",
            "HOST_TERMS", "GPU_STEP_TERMS", "layer_terms", "lm_head", "draft_passes",
            "graph_replay", "kernel_launches", "kernel_gap", "host_serial", "STEP",
            "breakdown_table", "BREAKDOWN_COLUMNS"]
 
-_SHARDABLE = SHARDABLE = ("gqa", "mla", "sparse_mla")   # the kinds DCP shards
-_LATENT = LATENT = ("mla", "sparse_mla")
 
 #: The key of the step-level terms in :attr:`StepEstimate.terms` (not a layer kind).
 STEP = "(step)"
@@ -106,7 +105,7 @@ def read_shape(plan: Plan, att: AttentionPlan) -> ReadShape | None:
     bound = 0
     if att.kind == "sparse_mla":
         bound = att.index_topk if att.index_topk > 0 else att.window
-    dcp = plan.dcp if plan.dcp > 1 and att.kind in _SHARDABLE else 1
+    dcp = plan.dcp if plan.dcp > 1 and att.kind in DCP_SHARDABLE else 1
     if not window and bound <= 0 and dcp <= 1:
         return None
     return ReadShape(window, max(bound, 0), att.compress_ratio if bound > 0 else 0, dcp,
@@ -227,7 +226,7 @@ def shared_experts(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Ter
 
 def _single_launch(att: AttentionPlan, plan: Plan) -> bool:
     """vLLM v0.31.0 FlashAttention runs one varlen launch for a mixed batch (step.md §6.3)."""
-    return att.kind not in _LATENT and plan.dcp <= 1 and not plan.blackwell
+    return att.kind not in LATENT_KINDS and plan.dcp <= 1 and not plan.blackwell
 
 
 def _monotone(options) -> bool:
@@ -288,7 +287,7 @@ def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st)
     causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
     work = causal * att.n_q * att.d_h / plan.tp
     exp_work = work
-    if (options.expected_refinements and att.kind in _LATENT and att.qk_nope_head_dim
+    if (options.expected_refinements and att.kind in LATENT_KINDS and att.qk_nope_head_dim
             and att.v_head_dim):
         # refinement 3: MLA prefill runs decompressed; per pair per head
         # 2·(qk_nope + qk_rope) + 2·v_head FLOPs instead of 4·d_h.
@@ -328,7 +327,7 @@ def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan, opti
             T2 = jnp.minimum(T2, a.window * requests)
         if a.compress_ratio > 1:
             T2 = T2 / a.compress_ratio
-        if plan.dcp > 1 and a.kind in _SHARDABLE:
+        if plan.dcp > 1 and a.kind in DCP_SHARDABLE:
             T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
         return jnp.where(reads & (r_sec > 0),
                          laws.floor_plus_rate(T2 * per_token, f_a, r_sec), 0.0)
@@ -400,7 +399,7 @@ def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constan
       ordered by new tokens) regroup when a request grows.
     """
     att, b, zero = kind.attention, st.b, c.zero
-    envelope = bool(getattr(b, "envelope", False)) and _monotone(options)
+    envelope = bool(b.envelope) and _monotone(options)
     out: dict[str, Term] = {}
     if att is None or att.n_q <= 0:
         return out
@@ -411,8 +410,8 @@ def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constan
         t = Term.of(zero, nvlink=dv, nic=dn, expected=dv + dn)
         out[name] = out[name] + t if name in out else t
 
-    latent = att.kind in _LATENT
-    if plan.dcp > 1 and att.kind in _SHARDABLE:
+    latent = att.kind in LATENT_KINDS
+    if plan.dcp > 1 and att.kind in DCP_SHARDABLE:
         rows = b.decode_tokens if latent else jnp.where(b.any_context, b.tokens, 0.0)
         some = rows > 0
         if latent and envelope:

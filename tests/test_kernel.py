@@ -229,12 +229,15 @@ def test_price_many_same_prices_for_aligned_unaligned_and_short_chunks():
     assert whole.expected_s[5] == pytest.approx(one.expected_s, rel=1e-12)
 
 
-@pytest.mark.parametrize("scenario", ["llama-3.1-8b-h100-tp1", "qwen3-235b-a22b-h200-tp8-dcp2"])
-def test_split_single_step_prices_as_the_one_program(scenario):
+@pytest.mark.parametrize("scenario, split", [("llama-3.1-8b-h100-tp1", True),
+                                             ("qwen3-235b-a22b-h200-tp8-dcp2", True),
+                                             ("deepseek-v3.2-h200-fp8-tp8-dcp2", False)])
+def test_split_single_step_prices_as_the_one_program(scenario, split):
     """From 64 requests up a step runs as the request reduction then the step from its sums
     (XLA's CPU runtime hands a program with buffers over 512 bytes to its thread pool); the
-    figures equal the one-program step to the last bit, and a DCP plan, whose context gather
-    reads the requests after the reduction, falls back to the one program."""
+    figures equal the one-program step to the last bit. A GQA DCP plan splits too; a latent
+    DCP plan, whose context gather reads the requests after the reduction, falls back to
+    the one program."""
     k = catalog_kernel(scenario)
     rng = np.random.default_rng(5)
     for n in (40, 200):
@@ -245,3 +248,4 @@ def test_split_single_step_prices_as_the_one_program(scenario):
         want = np.asarray(k._c.one(k._flat, packed))
         assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
         assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()
+    assert k._c._split is split

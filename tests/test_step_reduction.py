@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import catalog_kernel
-from jkernel.step import BatchArrays, _sum_requests
+import jax
+import jax.numpy as jnp
+
+from jkernel.step import BatchArrays, _request_lanes, _sum_requests
 
 SCENARIOS = ["llama-3.1-8b-h100-tp1", "gpt-oss-120b-b200-tp8", "qwen3-235b-a22b-h200-tp8-dcp2",
              "glm-5-h200-2node-pcp2-dcp2", "nemotron-3-super-120b-a12b-b200-tp2-mtp"]
@@ -45,6 +48,27 @@ def test_integer_lanes_sum_exactly_as_the_float_reduction(scenario):
         assert ints[name].dtype == np.float64, name
         np.testing.assert_array_equal(np.asarray(ints[name]), np.asarray(floats[name]),
                                       err_msg=str(name))
+    names = list(floats)                    # mixed str/tuple keys: a list crosses jit
+    jitted = jax.jit(lambda a, b: [sums(a, b)[n] for n in names])(s, c)   # the speed path
+    for name, got in zip(names, jitted):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(floats[name]),
+                                      err_msg=str(name))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_int_inputs_take_the_integer_lanes(scenario):
+    """The whole-number lanes really are integers on int inputs (a change that sent int
+    inputs down the float path would still sum equal, so the equality test cannot see it)."""
+    k = catalog_kernel(scenario)
+    s, c, thr = _batches()
+    lanes = _request_lanes(k.plan, s, c, s > 0, thr[:, None], jnp.float64, it=jnp.int64)
+    for name in ("tokens", "n_live", "decode_kv_tokens", "live_kv_tokens"):
+        assert jnp.issubdtype(lanes[name].dtype, jnp.integer), name
+    if ("row_max", "context") in lanes:
+        assert jnp.issubdtype(lanes[("row_max", "context")].dtype, jnp.integer)
+    floats = _request_lanes(k.plan, s.astype(np.float64), c.astype(np.float64), s > 0,
+                            thr[:, None], jnp.float64, it=jnp.int64)
+    assert all(not jnp.issubdtype(v.dtype, jnp.integer) for v in floats.values())
 
 
 def test_sign_check_lane_counts_negative_requests_per_batch():

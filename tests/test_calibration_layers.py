@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "calibration"
 LAYERS = {"uncertainty": 0, "base": 1, "profiles": 2, "gemm": 3, "attention": 3, "moe": 3,
           "collectives": 3, "traces": 3, "validate": 4, "stepfit": 5, "fit": 6,
           "importers": 7, "residency": 8, "report": 7, "seed": 8, "regenerate": 9,
-          "__main__": 10, "__init__": 0}
+          "stepreport": 10, "__main__": 10, "__init__": 0}
 SAME_LAYER = {("moe", "gemm")}
 
 

@@ -181,36 +181,24 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool =
     ints = (it is not None and jnp.issubdtype(jnp.result_type(s_in), jnp.integer)
             and jnp.issubdtype(jnp.result_type(c_in), jnp.integer))
     neg = ((s_in < 0) | (c_in < 0)).astype(jnp.int32) if check else None
-    lanes: dict = {}
-    if ints:
-        live = mask & (s_in > 0)                              # D32: scheduled 0 is padding
-        si = jnp.where(live, s_in, 0).astype(it)
-        ci = jnp.where(live, jnp.maximum(c_in, 0), 0).astype(it)
-        pre = live & (si > thr)
-        dec = live & ~pre
-        ctx_i = si + ci
-        zi = jnp.zeros((), it)
-        count = lambda m: m.astype(jnp.int32)  # noqa: E731
-        lanes = {"tokens": si, "n_live": count(live),
-                 "nonuniform": count(live & (si != plan.uniform_decode_width)),
-                 "prefill_requests": count(pre),
-                 "decode_kv_tokens": jnp.where(dec, ctx_i, zi)}
-        if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
-            lanes["context"] = count(live & (ci > 0))
-        if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
-            # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
-            lanes["prefill_context"] = count(pre & (ci > 0))
-            lanes[("row_max", "context")] = jnp.where(pre, ci, zi)
-        if plan.pcp <= 1:
-            lanes["prefill_tokens"] = jnp.where(pre, si, zi)
-    if not ints:
-        live = mask & (s_in > 0)                              # D32: scheduled 0 is padding
+    live = mask & (s_in > 0)                                  # D32: scheduled 0 is padding
     s = jnp.where(live, s_in.astype(dt), 0.0)
     c = jnp.where(live, jnp.maximum(c_in.astype(dt), 0.0), 0.0)
     ctx = s + c            # > 0 for every live request, so the walk skips none of them
-    if not ints:           # (the integer masks above are the same booleans)
+    # ws, wc: the tokens as whole numbers, for the whole-number lanes (integers of dtype
+    # ``it`` from int inputs, else s and c themselves); count: a mask as a count lane
+    if ints:
+        ws = jnp.where(live, s_in, 0).astype(it)
+        wc = jnp.where(live, jnp.maximum(c_in, 0), 0).astype(it)
+        pre = live & (ws > thr)
+        count = lambda m: m.astype(jnp.int32)  # noqa: E731
+    else:
+        ws, wc = s, c
         pre = live & (s > thr.astype(dt))
-        dec = live & ~pre
+        count = lambda m: m  # noqa: E731
+    dec = live & ~pre
+    wctx = ws + wc
+    wz = jnp.zeros((), ws.dtype)
     zero = jnp.zeros_like(s)
     if plan.pcp > 1:
         s_loc = laws.pcp_local_tokens(s, plan.pcp, plan.dcp)
@@ -220,54 +208,50 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool =
         # no shipped PCP pool has a sliding window)
         chunk_s, chunk_c = laws.pcp_busiest_chunks(s, c, plan.pcp, plan.dcp)
     else:
-        s_loc = s
         pairs = laws.causal_pairs(s, c)
         chunk_s, chunk_c = s[..., None], c[..., None]
     # decode_requests and decode_tokens follow from these (see _Batch): fewer lanes, one
     # pass over the requests with less work per request
-    if not ints:
-        lanes = {
-            "tokens": s, "n_live": live,
-            "nonuniform": live & (s != plan.uniform_decode_width),
-            "prefill_tokens": jnp.where(pre, s_loc, zero),
-            "prefill_requests": pre,
-            "decode_kv_tokens": jnp.where(dec, ctx, zero),
-        }
-        if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
-            lanes["context"] = live & (c > 0)
-        if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
-            # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
-            lanes["prefill_context"] = pre & (c > 0)
-            lanes[("row_max", "context")] = jnp.where(pre, c, zero)
-    elif plan.pcp > 1:
-        lanes["prefill_tokens"] = jnp.where(pre, s_loc, zero)
+    lanes: dict = {
+        "tokens": ws, "n_live": count(live),
+        "nonuniform": count(live & (ws != plan.uniform_decode_width)),
+        "prefill_tokens": (jnp.where(pre, s_loc, zero) if plan.pcp > 1
+                           else jnp.where(pre, ws, wz)),
+        "prefill_requests": count(pre),
+        "decode_kv_tokens": jnp.where(dec, wctx, wz),
+    }
+    if plan.dcp > 1 and _dcp_kinds(plan, latent=False):
+        lanes["context"] = count(live & (wc > 0))
+    if plan.dcp > 1 and _dcp_kinds(plan, latent=True):
+        # expected_s (refinement 8): vLLM's chunking of the prefills' cached context
+        lanes["prefill_context"] = count(pre & (wc > 0))
+        lanes[("row_max", "context")] = jnp.where(pre, wc, wz)
     lanes["causal_flops"] = jnp.where(pre, pairs, zero)
     if plan.pcp > 1:
         lanes["withheld"] = jnp.where(pre, s - s_loc, zero)
     shapes = _read_shapes(plan)
 
-    def read(shape, at_int, at, where):
-        """One shaped read lane: in integers when it is a window cap alone."""
+    def read(shape, whole_at, at, where):
+        """One shaped read lane at context ``at`` (``whole_at``: the same as a whole
+        number): in integers when it is a window cap alone."""
         if ints and _integral(shape):
-            return jnp.where(where, jnp.minimum(at_int, shape.window), zi)
+            return jnp.where(where, jnp.minimum(whole_at, shape.window), wz)
         return jnp.where(where, terms.primary_read(shape, at), zero)
 
     for shape in shapes:
-        lanes[shape] = read(shape, ctx_i if ints else None, ctx, dec)
+        lanes[shape] = read(shape, wctx, ctx, dec)
     if plan.draft_kinds:
         # a later draft pass: every live request runs one token at its context + 1
-        lanes["draft_context"] = (jnp.where(live, ctx_i + 1, zi) if ints
-                                  else jnp.where(live, ctx + 1.0, zero))
+        lanes["draft_context"] = jnp.where(live, wctx + 1, wz)
         for shape in shapes:
-            lanes[shape.for_draft()] = read(shape, ctx_i + 1 if ints else None, ctx + 1.0,
-                                            live)
+            lanes[shape.for_draft()] = read(shape, wctx + 1, ctx + 1.0, live)
     for window in _windows(plan):
         lanes[("window", window)] = laws.windowed_causal_flops(chunk_s, chunk_c, window,
                                                                mask=pre[..., None])
     # expected_s (refinement 6): every live request's read of its cache, prefills included
-    lanes["live_kv_tokens"] = jnp.where(live, ctx_i, zi) if ints else jnp.where(live, ctx, zero)
+    lanes["live_kv_tokens"] = jnp.where(live, wctx, wz)
     for shape in shapes:
-        lanes[("live", shape)] = read(shape, ctx_i if ints else None, ctx, live)
+        lanes[("live", shape)] = read(shape, wctx, ctx, live)
     # expected_s (refinement 7): each prefill's causal work per row, maximised (not summed)
     if plan.pcp > 1:
         # expected_s (refinement 8): vLLM's balanced split of a prefill over the PCP ranks
@@ -276,10 +260,8 @@ def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool =
         lanes["pcp_rows"] = jnp.where(pre, jnp.maximum(2.0 * half, thr), zero)
         lanes["pcp_pairs"] = jnp.where(pre, 8.0 * half * (c + plan.pcp * half), zero)
         lanes[("row_max", 0)] = jnp.where(pre, 4.0 * (c + plan.pcp * half), zero)
-    elif ints:
-        lanes[("row_max", 0)] = jnp.where(pre, 4 * ci + 2 * si, zi)   # causal_pairs / s
     else:
-        lanes[("row_max", 0)] = jnp.where(pre, 4.0 * c + 2.0 * s, zero)
+        lanes[("row_max", 0)] = jnp.where(pre, 4 * wc + 2 * ws, wz)   # causal_pairs / s
     for window in _windows(plan):
         chunk_rows = jnp.sum(chunk_s, axis=-1)
         lanes[("row_max", window)] = jnp.where(

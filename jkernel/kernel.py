@@ -158,10 +158,7 @@ class _Compiled:
             Returns the 9 packed figures and, last, the count of negative request entries
             (the sign check of the array entry point, in the same pass)."""
             self.traces += 1                       # runs at trace time only
-            r = (packed.shape[-1] - 3) // 2
-            sched, comp = packed[..., :r], packed[..., r:2 * r]
-            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
-                                packed[..., 2 * r + 1], packed[..., 2 * r + 2])
+            batch = _unpacked(packed)
             est, negative = step_fn.checked(unpack(flat), batch)
             rows = pack(est)
             return jnp.concatenate([rows, negative.astype(rows.dtype)[..., None]], axis=-1)
@@ -184,14 +181,12 @@ class _Compiled:
             """The first half of a single step: the request sums (and the three scalars)
             as one ``dt`` vector. Few kernels, so XLA's CPU runtime runs it inline."""
             self.traces += 1
-            r = (packed.shape[-1] - 3) // 2
-            sched, comp = packed[..., :r], packed[..., r:2 * r]
-            batch = BatchArrays(sched, comp, sched > 0, packed[..., 2 * r],
-                                packed[..., 2 * r + 1], packed[..., 2 * r + 2])
+            batch = _unpacked(packed)
             sums = sum_requests(plan, batch, dt, check=True)
             lanes[:] = list(sums)
             return jnp.stack([v.astype(dt) for v in sums.values()]
-                             + [packed[2 * r + i].astype(dt) for i in range(3)])
+                             + [x.astype(dt) for x in (batch.decode_threshold,
+                                                       batch.sm_budget, batch.pad_tokens)])
 
         def from_sums(flat, vec):
             """The second half: the step from the sums; one program for every bucket, on
@@ -277,6 +272,15 @@ def _estimates(rows: np.ndarray) -> StepEstimate:
     per = {r: rows[..., 3 + i] for i, r in enumerate(RESOURCES)}
     return StepEstimate(rows[..., 0], rows[..., 1], rows[..., 2], per,
                         rows[..., 8].astype(np.int32))
+
+
+def _unpacked(packed) -> BatchArrays:
+    """The batch of a packed step input, int32 ``(..., 2R + 3)``: scheduled (R), computed
+    (R), then decode_threshold, sm_budget, pad_tokens (views, numpy or traced)."""
+    r = (packed.shape[-1] - 3) // 2
+    sched, comp = packed[..., :r], packed[..., r:2 * r]
+    return BatchArrays(sched, comp, sched > 0, packed[..., 2 * r], packed[..., 2 * r + 1],
+                       packed[..., 2 * r + 2])
 
 
 #: XLA's CPU runtime reads a host array in place (no copy) when it starts on a 64-byte
@@ -451,8 +455,8 @@ class Kernel:
                             pad_tokens, sign=False)     # the program counts negatives
         vals = self._c.step(self._flat, packed).tolist()
         if vals[-1]:
-            _negative_input((packed[None, :(len(packed) - 3) // 2],
-                             packed[None, (len(packed) - 3) // 2:-3]), 0, 1)
+            b = _unpacked(packed)
+            _negative_input((b.scheduled[None], b.computed[None]), 0, 1)
         return _estimate(vals)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",

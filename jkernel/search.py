@@ -319,12 +319,6 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
 # Building a pool through the engine's rules
 # ---------------------------------------------------------------------------------------
 
-def _request_pages(k, tokens: int) -> int:
-    """Pages one running request of ``tokens`` tokens holds on ``k``'s pool
-    (:func:`jkernel.memory.request_pages`: KV pages plus a hybrid model's recurrent state)."""
-    return _memory.request_pages(k, tokens)
-
-
 _BASE: dict = {}
 
 
@@ -406,7 +400,7 @@ def _colocated_screen(k, wl: Workload) -> dict:
     """
     st = k.settings
     budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
-    per_req = _request_pages(k, wl.isl + wl.osl)
+    per_req = _memory.request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
     grid = _grid(b_max)
@@ -432,7 +426,7 @@ def _colocated_screen(k, wl: Workload) -> dict:
 
 def _decode_screen(k, wl: Workload) -> dict:
     st = k.settings
-    per_req = _request_pages(k, wl.isl + wl.osl)
+    per_req = _memory.request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(st["max_num_seqs"], kv_pages // max(per_req, 1),
                        st["max_num_batched_tokens"]))

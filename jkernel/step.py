@@ -148,13 +148,6 @@ class NeedsRequests(ValueError):
     """A plan whose step reads per-request arrays after the request reduction."""
 
 
-def sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
-    """The step's request sums (lane key → array of the batch shape, in ``dt``; with
-    ``check``, also ``"negative"``, the int32 count of negative inputs): the first half of
-    the step, which :func:`make_step_fn`'s ``from_sums`` completes."""
-    return _sum_requests(plan, batch, dt, check)
-
-
 def _request_lanes(plan: Plan, s_in, c_in, mask, thr, dt, it=None, check: bool = False
                    ) -> dict:
     """Per-request quantities of step.md §4 (elementwise: any shape of requests).
@@ -300,14 +293,15 @@ def _windows(plan: Plan) -> list[int]:
                    if k.attention is not None and k.attention.window > 0})
 
 
-def _sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
+def sum_requests(plan: Plan, batch: BatchArrays, dt, check: bool = False) -> dict:
     """Σ over the request axis (the last) of every lane, in ONE variadic reduction.
 
     XLA fuses a tuple-reduce into a single pass over the requests, where separate sums each
     re-read them; with leading batch axes (the bulk path) the same reduction runs across
     all batches at once. The whole-number lanes are summed in int64 (see
     :func:`_request_lanes`) when float64 is on, and every sum is returned in ``dt``, except
-    ``"negative"`` (``check``: int32 count of requests with a negative input).
+    ``"negative"`` (``check``: int32 count of requests with a negative input). The first
+    half of the step, which :func:`make_step_fn`'s ``from_sums`` completes.
     """
     thr = jnp.asarray(batch.decode_threshold)[..., None]
     it = jnp.int64 if jax.config.jax_enable_x64 else None
@@ -336,7 +330,7 @@ class _Batch:
 
     def __init__(self, plan: Plan, batch: BatchArrays, dt, check: bool = False, sums=None):
         self._batch, self._dt = batch, dt
-        self.sums = sums = (_sum_requests(plan, batch, dt, check) if sums is None
+        self.sums = sums = (sum_requests(plan, batch, dt, check) if sums is None
                             else dict(sums))
         self.negative = sums.pop("negative", None)
         self.tokens = sums["tokens"]

@@ -1,4 +1,4 @@
-"""The step's one pass over the requests (``jkernel.step._sum_requests``).
+"""The step's one pass over the requests (``jkernel.step.sum_requests``).
 
 The whole-number lanes (token and request counts, contexts, window-capped reads) are summed
 in int64 from int inputs, the rest in float: every sum must equal, to the last bit, the
@@ -15,7 +15,7 @@ from conftest import catalog_kernel
 import jax
 import jax.numpy as jnp
 
-from jkernel.step import BatchArrays, _request_lanes, _sum_requests
+from jkernel.step import BatchArrays, _request_lanes, sum_requests
 
 SCENARIOS = ["llama-3.1-8b-h100-tp1", "gpt-oss-120b-b200-tp8", "qwen3-235b-a22b-h200-tp8-dcp2",
              "glm-5-h200-2node-pcp2-dcp2", "nemotron-3-super-120b-a12b-b200-tp2-mtp"]
@@ -39,7 +39,7 @@ def test_integer_lanes_sum_exactly_as_the_float_reduction(scenario):
 
     def sums(sched, comp):
         b = BatchArrays(sched, comp, sched > 0, thr, zeros, zeros)
-        return _sum_requests(k.plan, b, np.float64)                   # eager
+        return sum_requests(k.plan, b, np.float64)                   # eager
 
     ints = sums(s, c)
     floats = sums(s.astype(np.float64), c.astype(np.float64))      # the all-float path
@@ -79,7 +79,7 @@ def test_sign_check_lane_counts_negative_requests_per_batch():
     c[7, 31] = -2
     zeros = np.zeros(40, np.int32)
     b = BatchArrays(s, c, s > 0, thr, zeros, zeros)
-    got = _sum_requests(k.plan, b, np.float64, check=True)["negative"]
+    got = sum_requests(k.plan, b, np.float64, check=True)["negative"]
     want = np.zeros(40, np.int32)
     want[3], want[7] = 7, 1
     np.testing.assert_array_equal(np.asarray(got), want)

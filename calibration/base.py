@@ -353,7 +353,6 @@ class Problem:
         return pred[:nf], pred[nf:]
 
 
-
 @functools.lru_cache(maxsize=64)
 def _jitted(fn):
     """A cached ``jax.jit`` of a predict function (keyed by identity)."""

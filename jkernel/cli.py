@@ -97,6 +97,7 @@ def _memory_row(k) -> dict:
     engine = getattr(k.deployment(), "engine", None)
     max_len = int(getattr(engine, "max_model_len", 0) or 0)
     rules = mem.rules
+    applied = _mem.rule_summary(mem)
     return {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
             "engine_version": k.inputs.scenario.engine_version,
             "recipe": "jkernel's recipe (vLLM v0.29 on)" if rules.spec_recipe
@@ -104,8 +105,8 @@ def _memory_row(k) -> dict:
             "fixed_bytes": {"weights": fb.weights, "activation_peak": fb.activation_peak,
                             "cuda_graph": fb.cuda_graph, "eplb_redundant": fb.eplb_redundant,
                             "comm_buffers": fb.comm_buffers, "total": fb.total()},
-            "cuda_graph_charged": rules.spec_recipe or rules.graphs_subtracted,
-            "rules_applied": _mem.rule_summary(mem),
+            "cuda_graph_charged": applied["cuda_graph_charged"],
+            "rules_applied": applied,
             "kv_bytes_per_token": k.kv_bytes_per_token(), "block_size": block,
             "page_bytes": page, "sequence_fixed_bytes": k.sequence_fixed_bytes(),
             "gpu_memory_bytes": device, "gpu_memory_utilization": util,

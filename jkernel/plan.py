@@ -227,9 +227,9 @@ class Plan:
 
 # -- the collectives a plan needs: ONE table -------------------------------------------------
 
-#: the attention kinds decode context parallelism shards (and, of them, the latent ones)
+#: the attention kinds decode context parallelism shards (LATENT_KINDS, of the graph
+#: documents, names the latent ones)
 DCP_SHARDABLE = ("gqa", "mla", "sparse_mla")
-LATENT_KINDS = ("mla", "sparse_mla")
 
 
 def _context_parallel_collectives(att: AttentionPlan | None, *, tp: int, dcp: int, pcp: int,

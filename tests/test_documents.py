@@ -114,7 +114,7 @@ def test_baseline_graph_parses():
     assert g.speculator.num_spec_tokens == 1
 
 
-# -- strict decoding: unknown keys, wrong types (documents.md §1 intro, R1) ----------------
+# -- strict decoding: unknown keys, wrong types (documents.md's introduction, R1) ----------
 
 @pytest.mark.parametrize("mutate, field", [
     (lambda d: d.__setitem__("extra", 1), "extra"),

@@ -46,7 +46,8 @@ def k():
 
 @pytest.fixture(scope="module")
 def k_fabric():
-    """§4.1 with `cluster.fabric: ib-400g` stated, so a cross-node transfer uses the NIC."""
+    """vectors.md §4.1 with `cluster.fabric: ib-400g` stated, so a cross-node transfer uses
+    the NIC."""
     return jkernel.open(_bundle(fabric="ib-400g"), SPEC_REPOS)
 
 

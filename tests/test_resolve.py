@@ -599,7 +599,7 @@ def test_activation_family_snap_through_construction():
     assert k.fixed_bytes().activation_peak == 20 * 8192 * 7168 * 2
 
 
-# -- the §4.1 scenario: assumptions, provenance, evidence ---------------------------------------
+# -- the vectors.md §4.1 scenario: assumptions, provenance, evidence ------------------------------
 
 def test_section_4_1_kernel_assumptions_and_values():
     """vectors.md §4.1 [R]: the kernel's own assumptions are engine_version (0.29.0 declared →

@@ -309,7 +309,7 @@ def test_reference_values_kept_where_calibration_does_not_fit():
     assert REFERENCE["h200"]["gemm"]["fp8"] == (0.788, 94)
 
 
-# ------------------------------------------------------------------ scenarios (§2, §3)
+# ---------------------------------- scenarios (documents.md §2, resolution.md §3)
 
 ENGINE_KEYS = {"quantization", "cache_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype",
                "mamba_cache_mode", "block_size", "max_num_batched_tokens", "max_num_seqs",

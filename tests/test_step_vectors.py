@@ -303,7 +303,7 @@ def test_single_launch_rule(spec_repos):
 
 
 def test_sm_budget_derates_flop_time_only():
-    """§5: sm_budget 66 of 132 SMs doubles FLOP-derived SM time, not floors or HBM."""
+    """step.md §5: sm_budget 66 of 132 SMs doubles FLOP-derived SM time, not floors or HBM."""
     k = spec_kernel()
     batch = Batch([1] * 32, [4095] * 32, decode_threshold=8)
     full = k.step_time(batch)

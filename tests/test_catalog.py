@@ -80,7 +80,8 @@ def test_cli_price_prints_expected_first(capsys):
 
 
 def test_cli_memory_deepseek_v3_page():
-    """Issue 2 acceptance: DeepSeek-V3 H200 fp8 TP 8: 35,136 B per token, 562,176 B page."""
+    """vectors.md §3.1 from the command line: DeepSeek-V3 H200 fp8 TP 8: 35,136 B per token,
+    562,176 B page."""
     out = subprocess.run([sys.executable, "-m", "jkernel", "memory", "deepseek-v3-h200-fp8-tp8"],
                          capture_output=True, text=True, check=True).stdout
     assert "35,136 B" in out and "562,176 B" in out

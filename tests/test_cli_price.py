@@ -1,4 +1,4 @@
-"""``jkernel price``'s text stands on its own (issue 10): it cited the spec's file names
+"""``jkernel price``'s text stands on its own: it cited the spec's file names
 ("jkernel's estimate (expected.md)"), which a user of the installed package cannot look up.
 """
 

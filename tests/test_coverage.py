@@ -1,7 +1,7 @@
-"""Full model and parallelism coverage (issue 6), on the shipped catalog.
+"""Full model and parallelism coverage, on the shipped catalog.
 
 Every check prices through a kernel built from the shipped catalog and its six standard
-coefficient sets: the scenarios added for the issue, and one-setting variants of them. The
+coefficient sets: the coverage scenarios (``NEW``), and one-setting variants of them. The
 checks are written so that they hold for any coefficient values: an expected figure is built
 from the kernel's own params with the spec's formula restated here (step.md §2, §6), never from
 a number produced by the implementation.
@@ -43,7 +43,8 @@ REG = catalog.registry_root()
 BUCKETS = (64, 256)
 THR = 8                                       # vectors.md: decode_threshold 8 unless stated
 
-#: The scenarios added for issue 6.
+#: The coverage scenarios: the model families and parallel layouts beyond the basic set (DSA,
+#: DCP, PCP, recurrent hybrids, MTP, rack-wide and cross-rack EP, EPLB, disaggregated pools).
 NEW = [
     "deepseek-v3.2-h200-fp8-tp8", "deepseek-v3.2-h200-fp8-tp8-dcp2",
     "glm-5-h200-2node-pcp2-dcp2", "deepseek-v3-h200-2node-pcp2",

@@ -1,4 +1,4 @@
-"""Many devices (issue 14): price_many and price_sweep split each chunk's batch axis over
+"""Many devices: price_many and price_sweep split each chunk's batch axis over
 every local device, with results bit-identical to one device; and the persistent
 compilation cache (on by default, moved by JKERNEL_CACHE_DIR, off with 0).
 

@@ -289,7 +289,7 @@ def _calibration_lines() -> list[str]:
 
 @pytest.mark.parametrize("line", _calibration_lines())
 def test_calibrate_page_command_lines_parse(line):
-    """Guards (issue 10): docs/calibrate.md showed a `traces` command line that exited 2 on
+    """Guards: docs/calibrate.md showed a `traces` command line that exited 2 on
     its flags. Each documented line must parse with the calibration command's own parser
     (running the fits needs ../shared/data and is benchmarks' business)."""
     from calibration.__main__ import build_parser
@@ -522,7 +522,7 @@ _SHARED_RUNS = ("../shared/data/residency-vllm/sweep_rate/agg_2rps",
 
 
 def test_calibrate_page_trace_example_writes_entries(tmp_path, monkeypatch, capsys):
-    """Guards (issue 10): docs/calibrate.md's `traces` example wrote no entries. Its three
+    """Guards: docs/calibrate.md's `traces` example wrote no entries. Its three
     command lines run here as written, on the committed 300-request excerpt of the 2 req/s
     run (tests/data/residency/) in place of both shared runs, with build/ in a scratch
     folder; the fit writes the three step constants as fitted h100 entries."""

@@ -81,7 +81,7 @@ def _speculative(num_spec: int):
 
 
 def test_mtp_draft_layers_are_priced_in_expected_only():
-    """Issue 6: the speculator's draft layers are priced in expected_s (one module per draft
+    """The speculator's draft layers are priced in expected_s (one module per draft
     token); the edges keep D7 and leave them out."""
     batch = Batch([2] * 16, [3000] * 16, decode_threshold=2)
     plain, one, two = (_speculative(n) for n in (0, 1, 2))

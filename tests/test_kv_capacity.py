@@ -7,7 +7,7 @@ engine_version, so the version-selected memory rules of jkernel/memory.py apply.
 quotes no token count, the reported KV memory is turned into tokens at the row's own page
 (floor(bytes / page) · block), which compares the budget alone.
 
-Bounds (issue 12): median |predicted/reported − 1| of KV tokens ≤ 2 %; every row within 5 %
+Bounds: median |predicted/reported − 1| of KV tokens ≤ 2 %; every row within 5 %
 unless its notes column explains the miss (then it is only reported); the weights term
 within 1 % of ``Model loading took`` unless the notes explain it. Nothing is fitted per row:
 the rules are general and each names the vLLM version it follows.
@@ -134,8 +134,8 @@ def test_table_is_well_formed():
         assert 0 < float(r["gpu_memory_utilization"]) <= 1, r["id"]
 
 
-def test_table_covers_the_issue_spread():
-    """Issue 12: at least 25 server starts, 8 models, 3 GPU kinds (a100-80 is a100-sxm),
+def test_table_covers_enough_starts_models_chips_and_layouts():
+    """At least 25 server starts, 8 models, 3 GPU kinds (a100-80 is a100-sxm),
     tp 1 to 8, vLLM versions from 0.8 on, fp8 weights or KV, a sliding-window model, an
     MLA model, and a held-out part that fed no constant."""
     rows = _rows()
@@ -162,7 +162,7 @@ def _summary(rows: list[dict]) -> str:
 
 
 def test_kv_tokens_median_within_two_percent(results):
-    """Issue 12: the median |predicted/reported − 1| of KV tokens over the table ≤ 2 %."""
+    """The median |predicted/reported − 1| of KV tokens over the table ≤ 2 %."""
     errors = [abs(r["error"]) for r in results]
     print("\nKV tokens, all rows:", _summary(results))
     assert statistics.median(errors) <= 0.02, sorted(errors)
@@ -170,8 +170,8 @@ def test_kv_tokens_median_within_two_percent(results):
 
 def test_held_out_rows_are_reported_and_bound(results):
     """The rows that fed no constant (``fed_constants`` empty), reported apart so the
-    accuracy is not only that of the rows the constants were chosen on. The issue's 2 %
-    median is a bound on the whole table (the test above); the held-out median is printed
+    accuracy is not only that of the rows the constants were chosen on. The 2 % median
+    is a bound on the whole table (the test above); the held-out median is printed
     with and without the rows whose notes explain a miss, and bound by the 5 % row limit
     (it measured 2.4 % with them and 2.0 % without at 28 rows, above the fitted rows'
     0.2 %: the held-out part is the honest figure)."""
@@ -187,14 +187,14 @@ def test_held_out_rows_are_reported_and_bound(results):
 
 
 def test_every_row_within_five_percent_or_explained(results):
-    """Issue 12: each row within 5 %, unless its notes explain the miss."""
+    """Each row within 5 %, unless its notes explain the miss."""
     bad = [(r["id"], round(r["error"], 4)) for r in results
            if abs(r["error"]) > 0.05 and not r["explained"]]
     assert not bad
 
 
 def test_weights_within_one_percent_of_model_loading(results):
-    """Issue 12: the weights term within 1 % of the log's ``Model loading took`` where the
+    """The weights term within 1 % of the log's ``Model loading took`` where the
     log has it (rows whose notes explain a layout jkernel does not model are exempt)."""
     bad = [(r["id"], round(r["weights_error"], 4)) for r in results
            if r["weights_error"] is not None and abs(r["weights_error"]) > 0.01
@@ -284,7 +284,7 @@ def test_cuda_context_is_charged_before_v0_9():
     assert old - new == M.CUDA_CONTEXT_BYTES
 
 
-# -- the engine's start-up refusal (issue 12 bad input; issue 10 item 4) ---------------------
+# -- the engine's start-up refusal: a pool vLLM would not start is refused at open ---------
 
 def _bundle_with(row: dict, **engine):
     sc, dep = bundle(row)
@@ -364,7 +364,7 @@ def test_the_starts_vllm_refused_are_refused(row_id, tp, engine, field, words):
 
 
 def test_jkernel_memory_shows_the_comparison_terms(capsys):
-    """Issue 12 item 3: `jkernel memory` prints the terms the table compares (weights,
+    """`jkernel memory` prints the terms the table compares (weights,
     activation peak, graphs, buffers, what remains, pages, tokens), the version rules that
     chose them, and vLLM's Maximum concurrency for the deployment's max_model_len."""
     from jkernel.cli import main

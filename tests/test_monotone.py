@@ -32,7 +32,7 @@ def expected(k, spec: str, **kw) -> float:
     return k.step_time(Batch.from_spec(spec, **kw)).expected_s
 
 
-# -- issue 10's findings, each a regression test -------------------------------------------
+# -- cases where more work cost less, each a regression test ------------------------------
 
 @pytest.mark.parametrize("name", ["qwen3-32b-l40s-tp4", "llama-3.1-70b-h100-tp4",
                                   "deepseek-v3-h200-fp8-tp8"])

@@ -56,7 +56,7 @@ def k_fabric():
 def test_admission_overhead(k):
     """vectors.md §5 [S]: admission_overhead(1000) = 1000·0.35 µs = 350,000 ns (±1); zero or
     with no per-request entry the term is 0 (recorded absent). A negative count is refused
-    (issue 10), see test_methods_refuse_bad_arguments."""
+    (see test_methods_refuse_bad_arguments)."""
     assert ns(k.admission_overhead(1000)) == pytest.approx(350_000, abs=1)
     assert k.admission_overhead(0) == 0.0
     assert ns(k.admission_overhead(1)) == pytest.approx(350, abs=1)
@@ -132,7 +132,7 @@ def test_pd_transfer_on_one_node(k_fabric, k):
 
 
 def test_pd_transfer_zero_tokens(k_fabric):
-    """vectors.md §5: pd_transfer_time(0, …) = 0 (a negative count is refused, issue 10:
+    """vectors.md §5: pd_transfer_time(0, …) = 0 (a negative count is refused:
     see test_methods_refuse_bad_arguments)."""
     assert k_fabric.pd_transfer_time(0, Placement(0), Placement(1)) == 0.0
 
@@ -233,7 +233,7 @@ def test_methods_return_float_seconds(k):
         assert isinstance(v, float) and math.isfinite(v) and v >= 0
 
 
-# -- one validation for every entry point (issue 10): each call below used to return a
+# -- one validation for every entry point: each call below used to return a
 # silent 0 / 1e-6 or fail with a raw AttributeError; now each names its argument.
 
 @pytest.mark.parametrize("call,argument", [

@@ -26,7 +26,7 @@ CATALOG = ROOT / "catalog"
 SETS = ["cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
         "cost-model-attention", "cost-model-recurrent", "cost-model-memory"]
 CHIPS = ["gb200-nvl72", "gb300", "b200", "b300", "h100", "h200", "l40s", "a100-sxm", "a100-80",
-         "a100-40", "l4"]      # the last two: chips of tests/data/kv_capacity.csv (issue 12)
+         "a100-40", "l4"]      # the last two: chips of tests/data/kv_capacity.csv
 MODES = ["none", "piecewise", "full", "full_and_piecewise", "full_decode_only"]
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
 
@@ -341,7 +341,7 @@ def test_scenario_is_consistent(path):
     scen, dep = _bundle(path)
     assert set(scen) <= {"kind", "name", "model", "coefficients", "engine_version", "workload",
                          "cluster"}
-    # a scenario names a model the catalog ships (the issue-2 set or a later derivation)
+    # a scenario names a model the catalog ships (one of its derived graphs)
     assert scen["name"] == path.stem
     assert (CATALOG / "models" / scen["model"] / "graph.yaml").is_file()
     assert scen["coefficients"] == SETS

@@ -27,7 +27,7 @@ def test_yaml_12_numbers():
 
 
 def test_duplicate_key_is_refused_naming_file_and_key():
-    """Issue 10: a duplicate key silently kept the last value."""
+    """Guards: a duplicate key silently kept the last value."""
     with pytest.raises(Refusal) as info:
         load_yaml_documents("chip: h100\nlimits:\n  tp: 2\n  tp: 4\n", "dup.yaml")
     e = info.value
@@ -42,7 +42,7 @@ def test_duplicate_key_is_refused_naming_file_and_key():
     "a: " + "[" * 80 + "]" * 80 + "\n",                      # deeper than the limit only
 ])
 def test_deep_nesting_is_refused_not_recursion_error(text):
-    """Issue 10: a 5,000-deep nesting raised a raw RecursionError."""
+    """Guards: a 5,000-deep nesting raised a raw RecursionError."""
     with pytest.raises(Refusal) as info:
         load_yaml_documents(text, "deep.yaml")
     assert info.value.file == "deep.yaml" and "nesting deeper than" in str(info.value)
@@ -70,7 +70,7 @@ def test_syntax_error_names_the_file():
 
 @pytest.mark.parametrize("var", ["JKERNEL_CATALOG", "JKERNEL_REGISTRY"])
 def test_catalog_folder_that_does_not_exist_is_refused(var, tmp_path, monkeypatch, capsys):
-    """Issue 10: JKERNEL_CATALOG pointing nowhere listed nothing without a word."""
+    """Guards: JKERNEL_CATALOG pointing nowhere listed nothing without a word."""
     from jkernel import catalog
     from jkernel.cli import main
 

@@ -1,6 +1,6 @@
-"""One validation for every entry point (issue 10, item 3): ``Batch``, ``step_time``,
+"""One validation for every entry point: ``Batch``, ``step_time``,
 ``price_many``, ``price_sweep`` and the command line share jkernel.validate's checks and its
-:class:`jkernel.ArgumentError`, which names the argument. Each finding of issue 10 that
+:class:`jkernel.ArgumentError`, which names the argument. Each bad argument that once
 slipped through or failed raw is a named test here."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def argument_of(call) -> str:
 # -- Batch -------------------------------------------------------------------------------------
 
 def test_huge_pad_tokens_is_a_named_error_not_overflow():
-    """Issue 10: pad_tokens of 10¹² raised a raw OverflowError when packed as int32."""
+    """Guards: pad_tokens of 10¹² raised a raw OverflowError when packed as int32."""
     assert argument_of(lambda: Batch([1], [0], pad_tokens=10 ** 12)) == "pad_tokens"
 
 
@@ -105,7 +105,7 @@ def test_gradient_matches_jax_grad_of_step_fn(k):
 # -- price_many / price_sweep ------------------------------------------------------------------
 
 def test_price_many_on_zero_batches_returns_empty_results(k):
-    """Issue 10: price_many on zero batches raised instead of returning empty results."""
+    """Guards: price_many on zero batches raised instead of returning empty results."""
     est = k.price_many(scheduled=np.zeros((0, 16), np.int32))
     assert est.expected_s.shape == (0,) and est.per_resource_s["hbm"].shape == (0,)
     assert k.price_many([]).no_overlap_s.shape == (0,)
@@ -114,14 +114,14 @@ def test_price_many_on_zero_batches_returns_empty_results(k):
 
 
 def test_price_many_refuses_fractional_tokens(k):
-    """Issue 10: price_many accepted fractional tokens that Batch refuses."""
+    """Guards: price_many accepted fractional tokens that Batch refuses."""
     s = np.full((3, 4), 1.5)
     assert argument_of(lambda: k.price_many(scheduled=s, computed=np.zeros((3, 4)))) == \
         "scheduled"
 
 
 def test_price_many_refuses_negative_sm_budget(k):
-    """Issue 10: price_many accepted a negative sm_budget that Batch refuses."""
+    """Guards: price_many accepted a negative sm_budget that Batch refuses."""
     s = np.ones((3, 4), np.int32)
     assert argument_of(lambda: k.price_many(scheduled=s, sm_budget=-1)) == "sm_budget"
     assert argument_of(lambda: k.price_many(scheduled=s, sm_budget=np.array([0, -2, 0]))

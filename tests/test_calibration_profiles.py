@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pa = pytest.importorskip("pyarrow")
+pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from calibration import gemm  # noqa: E402

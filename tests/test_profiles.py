@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pa = pytest.importorskip("pyarrow")
+pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from calibration import profiles as P  # noqa: E402
@@ -414,7 +414,9 @@ def test_version_order():
     assert sorted(names, key=P._version_key)[0] == "0.1.dev19262+gb6bbf29dd"
 
 
-@pytest.mark.skipif(not SHARED_GEMM.exists(), reason="shared data not present")
+@pytest.mark.skipif(not SHARED_GEMM.exists(),
+                    reason="../shared/data/aic-op-profiles is absent (a clone without the "
+                           "shared data); the committed excerpts are tested above")
 def test_full_h100_gemm_table_when_present():
     g = P.load_gemm(SHARED_GEMM)
     assert len(g) == _rows(SHARED_GEMM) and g.skipped == {}

@@ -282,7 +282,6 @@ def test_the_pool_prices_exactly_as_step_time(clock):
 
 
 def test_progress_bar_changes_nothing(capsys):
-    pytest.importorskip("tqdm")
     reqs = table([(i, 0.1 * i, 100, 3) for i in range(5)])
     quiet, shown = replay(qwen(), reqs), replay(qwen(), reqs, progress=True)
     assert quiet.summary == shown.summary
@@ -290,7 +289,8 @@ def test_progress_bar_changes_nothing(capsys):
 
 
 def test_parquet_request_file_and_unknown_suffix(tmp_path):
-    pytest.importorskip("pyarrow")
+    pytest.importorskip("pyarrow", reason="parquet request files need the optional extra "
+                        "jkernel[replay]")
     df = pd.DataFrame({"request_id": ["a", "b"], "arrival_time_us": [0, 250_000],
                        "input_tokens": [12, 30], "output_tokens": [3, 2]})
     p = tmp_path / "reqs.parquet"
@@ -308,8 +308,7 @@ def test_parquet_request_file_and_unknown_suffix(tmp_path):
 def test_data_parallel_replicas_step_in_lockstep():
     k = jkernel.open("qwen3-30b-a3b-h200-ep")
     dp = k.resolved().data_parallel()
-    if dp < 2:
-        pytest.skip("the scenario resolved dp 1")
+    assert dp >= 2, f"the shipped scenario qwen3-30b-a3b-h200-ep resolved dp {dp}"
     from jkernel.replay.sim import Pool
 
     pool = Pool(k)

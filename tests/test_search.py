@@ -288,7 +288,7 @@ def test_worker_processes_give_the_single_process_table(small):
 
 
 def test_ray_local_cluster_gives_the_single_process_table(small):
-    ray = pytest.importorskip("ray")
+    ray = pytest.importorskip("ray", reason="ray is the optional extra jkernel[ray]")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

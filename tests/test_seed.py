@@ -424,7 +424,7 @@ def test_seed_fit_recovers_a_known_law():
 
 
 def test_seed_reads_elements_and_derives_chips(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
     import pyarrow.parquet as pq
     from calibration.seed import build_entries, fit_chip, read_nccl_sweeps
 

@@ -1,0 +1,80 @@
+"""Citations a reader of the repository can open: every decision id (D1 … D38) that the code,
+tests, catalog, docs or notebooks cite has its line in docs/decisions.md, and that line points
+at a section of the specification in docs/spec/ that exists."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+DIRS = ("jkernel", "calibration", "tests", "docs", "examples", "benchmarks", "notebooks",
+        "catalog")
+DECISION = re.compile(r"\bD\d{1,2}\b")
+
+
+def _texts():
+    """(path, text) of every source and document file, notebooks by their cells' sources
+    (their outputs hold base64 images)."""
+    for top in DIRS:
+        for p in sorted((ROOT / top).rglob("*")):
+            if p.suffix == ".ipynb":
+                cells = json.loads(p.read_text(encoding="utf-8"))["cells"]
+                yield p, "\n".join("".join(c["source"]) for c in cells)
+            elif p.suffix in (".py", ".md", ".yaml") and p != DOCS / "decisions.md":
+                yield p, p.read_text(encoding="utf-8")
+
+
+def _decision_lines() -> dict[str, str]:
+    text = (DOCS / "decisions.md").read_text(encoding="utf-8")
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| (D\d+) \|.*$", text, re.M)}
+
+
+def _spec_sections(name: str) -> set[str]:
+    """Section numbers of docs/spec/<name>: headings, and the numbered items under them."""
+    secs, cur = set(), None
+    for line in (DOCS / "spec" / name).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"#+\s+(\d+(?:\.\d+)*)\.?\s", line)
+        if m:
+            cur = m.group(1)
+            secs.add(cur)
+            continue
+        if line.startswith("#"):
+            cur = None
+        m = re.match(r"(\d+)\.\s", line)
+        if m and cur:
+            secs.add(f"{cur}.{m.group(1)}")
+    return secs
+
+
+def test_every_cited_decision_id_has_a_line_in_decisions_md():
+    listed = _decision_lines()
+    cited: dict[str, str] = {}
+    for p, text in _texts():
+        for d in DECISION.findall(text):
+            cited.setdefault(d, str(p.relative_to(ROOT)))
+    missing = {d: where for d, where in cited.items() if d not in listed}
+    assert not missing, f"decision ids cited but not in docs/decisions.md: {missing}"
+    assert len(cited) >= 30, sorted(cited)           # the scan reads the code at all
+
+
+def test_decisions_md_lists_the_spec_index_and_points_at_existing_sections():
+    """docs/decisions.md holds every id of the spec's decision index, in order, and each
+    line's 'in full' cell names spec files and sections that exist."""
+    index = re.findall(r"^\| (D\d+)(?:–(D\d+))? \|", (DOCS / "spec" / "README.md").read_text(),
+                       re.M)
+    want = set()
+    for lo, hi in index:
+        want |= {f"D{i}" for i in range(int(lo[1:]), int((hi or lo)[1:]) + 1)}
+    lines = _decision_lines()
+    assert list(lines) == [f"D{i}" for i in range(1, len(lines) + 1)]
+    assert set(lines) == want
+    for d, line in lines.items():
+        where = line.rsplit("|", 2)[-2]
+        refs = re.findall(r"\[(\w+\.md)\]\(spec/\1\) ((?:§[\d.]+)(?:, §[\d.]+)*)", where)
+        assert refs, (d, where)
+        for name, secs in refs:
+            for sec in re.findall(r"§([\d.]+)", secs):
+                assert sec in _spec_sections(name), (d, name, sec)

@@ -17,7 +17,9 @@ residency-vllm runs).
 """
 
 from .api import ReplayResult, format_summary, replay, replay_disaggregated, summarize
+from .clients import Clients, Window
 from .workload import REQUIRED, load_requests, validate_requests
 
 __all__ = ["replay", "replay_disaggregated", "ReplayResult", "load_requests",
-           "validate_requests", "summarize", "format_summary", "REQUIRED"]
+           "validate_requests", "summarize", "format_summary", "REQUIRED", "Clients",
+           "Window"]

@@ -368,6 +368,9 @@ def _cmd_replay(args) -> int:
               + (f"; {clients.concurrency} closed-loop clients" if clients and clients.closed
                  else ""))
         print(format_summary(res.summary))
+        if "measured" in res.requests:
+            left = int((~res.requests["measured"]).sum())
+            print(f"the summary leaves out {left} warm-up and cool-down requests")
         if good is not None:
             from .replay.compare import objectives
 

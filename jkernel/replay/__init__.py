@@ -21,9 +21,12 @@ warm-up/cool-down window), :mod:`~jkernel.replay.spec` (workload specs),
 
 from .api import ReplayResult, format_summary, replay, replay_disaggregated, summarize
 from .clients import Clients, Window
+from .compare import Comparison, compare, format_comparison
+from .formats import BenchmarkRun, read_benchmark
 from .spec import GeneratedWorkload, WorkloadSpec, load_workload, read_spec
 from .workload import REQUIRED, load_requests, validate_requests
 
 __all__ = ["replay", "replay_disaggregated", "ReplayResult", "load_requests",
            "validate_requests", "summarize", "format_summary", "REQUIRED", "Clients",
-           "Window", "load_workload", "read_spec", "WorkloadSpec", "GeneratedWorkload"]
+           "Window", "load_workload", "read_spec", "WorkloadSpec", "GeneratedWorkload",
+           "read_benchmark", "BenchmarkRun", "compare", "Comparison", "format_comparison"]

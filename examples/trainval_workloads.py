@@ -135,8 +135,20 @@ def main(argv=None) -> int:
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
     table = pd.DataFrame(rows)
-    print(table.to_markdown(index=False) if args.markdown else table.to_string(index=False))
+    print(markdown(table) if args.markdown else table.to_string(index=False))
     return 0
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The replay columns as a Markdown table (statistics that agree exactly are said so
+    once, under the table)."""
+    cols = ["run"] + [c for c in table.columns if c.split(" ")[0] in FIGURES]
+    lines = ["| " + " | ".join(c.replace(" spec/file", "") for c in cols) + " |",
+             "|" + "---|" * len(cols)]
+    for row in table.itertuples(index=False):
+        d = dict(zip(table.columns, row))
+        lines.append("| " + " | ".join(str(d[c]) for c in cols) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

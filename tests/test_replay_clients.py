@@ -199,3 +199,15 @@ def test_bad_session_columns_name_the_row():
     reqs["think_s"] = [0.0, -2.0]
     with pytest.raises(ValueError, match="'think_s' must be seconds ≥ 0; row 1"):
         replay(qwen(), reqs)
+
+
+def test_closed_loop_clients_drive_a_disaggregated_pair():
+    pre = jkernel.open_pool("llama-3.1-70b-h200-disagg", "prefill")
+    dec = jkernel.open_pool("llama-3.1-70b-h200-disagg", "decode")
+    from jkernel.replay import replay_disaggregated
+
+    r = replay_disaggregated(pre, dec, hand_built(60, seed=4),
+                             clients=Clients(concurrency=5)).requests
+    t, count = in_flight(r)
+    assert r.finish_s.notna().all() and count.max() == 5
+    assert set(count[(t >= r.arrival_s.min()) & (t < r.arrival_s.max())]) == {5}

@@ -78,21 +78,21 @@ def test_statistics_follow_the_tools_rules():
     vllm_itl = next(m for m in metrics_of(Tool.VLLM) if m.name == "ITL")
     pooled = np.concatenate(t.gaps_s) * 1e3
     s = summarize_metric(vllm_itl, t)
-    assert s["mean"] == pytest.approx(pooled.mean())
-    assert s["p99"] == pytest.approx(np.percentile(pooled, 99))            # interpolated
+    assert s.mean == pytest.approx(pooled.mean())
+    assert s.p99 == pytest.approx(np.percentile(pooled, 99))               # interpolated
     g_itl = next(m for m in metrics_of(Tool.GUIDELLM_02) if m.name == "inter_token_latency_ms")
     assert g_itl.weight is Weight.OUTPUT_MINUS_ONE and g_itl.percentile is Percentile.WEIGHTED_LOWER
     s = summarize_metric(g_itl, t)
     # the (out − 1)-weighted mean of per-request ITL is the mean of the pooled gaps
-    assert s["mean"] == pytest.approx(pooled.mean())
+    assert s.mean == pytest.approx(pooled.mean())
     per = values(Quantity.TPOT_TO_LAST, t) * 1e3
     w = t.output_tokens - 1.0
     keep = np.isfinite(per) & (w > 0)
     v, w = per[keep], w[keep]
     o = np.argsort(v)
     cdf = np.cumsum(w[o]) / w.sum()
-    assert s["p90"] == v[o][np.argmax(cdf >= 0.9)]                          # a value, lower
-    assert s["p90"] in set(v)
+    assert s.p90 == v[o][np.argmax(cdf >= 0.9)]                             # a value, lower
+    assert s.p90 in set(v)
 
 
 def test_throughput_spans_the_first_send_to_the_last_end():
@@ -102,7 +102,7 @@ def test_throughput_spans_the_first_send_to_the_last_end():
     assert throughput(Quantity.OUTPUT_THROUGHPUT, t) == pytest.approx(t.output_tokens.sum()
                                                                      / span)
     m = next(m for m in metrics_of(Tool.INFERENCE_PERF) if m.name == "total_tokens_per_sec")
-    assert summarize_metric(m, t)["value"] == pytest.approx(
+    assert summarize_metric(m, t).value == pytest.approx(
         (t.input_tokens.sum() + t.output_tokens.sum()) / span)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import jkernel
 from jkernel import Refusal
-from jkernel.replay import Clients, load_requests, load_workload, read_spec, replay
+from jkernel.replay import Clients, load_requests, load_workload, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "workloads"

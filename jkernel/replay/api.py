@@ -189,10 +189,10 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     hashes = _hashes(df, pools[0].limits.block_size)
     loop = None
     if (clients is not None and clients.closed) or sessions is not None:
-        codes, think = sessions if sessions is not None else (None, None)
-        loop = ClientLoop(arrival_us[keep], None if codes is None else codes[keep],
-                          None if think is None else
-                          np.array([ticks(x) for x in think[keep]], np.int64),
+        loop = ClientLoop(arrival_us[keep],
+                          None if sessions is None else sessions.session[keep],
+                          None if sessions is None else
+                          np.array([ticks(x) for x in sessions.think_s[keep]], np.int64),
                           clients or Clients())
     sim = Simulation(pools, arrival_us[keep], df["input_tokens"].to_numpy()[keep],
                      df["output_tokens"].to_numpy()[keep],

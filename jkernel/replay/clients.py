@@ -35,11 +35,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["Clients", "Window", "ClientLoop", "sessions_of"]
+__all__ = ["Clients", "Window", "ClientLoop", "Send", "Sessions", "sessions_of"]
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,21 @@ class Window:
         return keep
 
 
-def sessions_of(df: pd.DataFrame, where: str) -> tuple[np.ndarray, np.ndarray] | None:
+class Send(NamedTuple):
+    """A request the clients send: its index and the tick it reaches the server."""
+
+    request: int
+    at_us: int
+
+
+class Sessions(NamedTuple):
+    """A request table's conversations: per row, its session index and think seconds."""
+
+    session: np.ndarray
+    think_s: np.ndarray
+
+
+def sessions_of(df: pd.DataFrame, where: str) -> Sessions | None:
     """The ``session_id`` and ``think_s`` columns of a validated request table as a session
     index per row (0…) and think seconds per row; None when the table has neither. Refuses
     a missing session id, a negative or non-finite think time, and a turn whose prompt is
@@ -186,7 +201,7 @@ def sessions_of(df: pd.DataFrame, where: str) -> tuple[np.ndarray, np.ndarray] |
                 f"({prompt[i]} tokens) is shorter than the previous turn's prompt and answer "
                 f"({prompt[j]} + {answer[j]}); a turn's prompt holds the conversation so far")
         last[s] = i
-    return codes.astype(np.int64), think
+    return Sessions(codes.astype(np.int64), think)
 
 
 class ClientLoop:
@@ -221,20 +236,20 @@ class ClientLoop:
         self.client_think = round(clients.think_time_s * 1e6) if clients.closed else 0
         self._clients = clients.concurrency
 
-    def start(self) -> list[tuple[int, int]]:
+    def start(self) -> list[Send]:
         """The sends at the start: every session's first turn (open loop), or the first
         ``concurrency`` sessions' (closed loop)."""
         q = self.queue
         take = len(q) if not self.closed else min(self._clients, len(q))
-        return [(i, int(self.sched[i])) for i in (q.popleft() for _ in range(take))]
+        return [Send(i, int(self.sched[i])) for i in (q.popleft() for _ in range(take))]
 
-    def finished(self, rid: int, t_us: int) -> list[tuple[int, int]]:
+    def finished(self, rid: int, t_us: int) -> list[Send]:
         """Request ``rid`` finished at ``t_us``: the next turn of its session, or (closed
         loop) its client's next session."""
         nxt = int(self.next_turn[rid])
         if nxt >= 0:
-            return [(nxt, max(t_us + int(self.think[nxt]), int(self.sched[nxt])))]
+            return [Send(nxt, max(t_us + int(self.think[nxt]), int(self.sched[nxt])))]
         if self.closed and self.queue:
             i = self.queue.popleft()
-            return [(i, max(t_us + self.client_think, int(self.sched[i])))]
+            return [Send(i, max(t_us + self.client_think, int(self.sched[i])))]
         return []

@@ -18,7 +18,7 @@ import pandas as pd
 from .clients import Window
 from .formats import BenchmarkRun
 from .metrics import (GOODPUT_NAMES, SLO, Quantity, Timings, goodput, metrics_of,
-                      summarize_metric, values)
+                      stats_of, summarize_metric, values)
 
 __all__ = ["Comparison", "compare", "predicted_timings", "format_comparison", "objectives"]
 
@@ -83,10 +83,10 @@ def compare(run: BenchmarkRun, result, *, slo: SLO | None = None,
         if m.quantity is Quantity.ITL_GAPS and m_t.gaps_s is None:
             continue
         a, b = summarize_metric(m, m_t), summarize_metric(m, p_t)
-        for stat in a:
+        for stat in stats_of(m):
+            x, y = getattr(a, stat), getattr(b, stat)
             rows.append({"metric": m.name, "stat": stat, "unit": m.unit,
-                         "measured": a[stat], "predicted": b[stat],
-                         "error": b[stat] / a[stat] - 1 if a[stat] else np.nan,
+                         "measured": x, "predicted": y, "error": y / x - 1 if x else np.nan,
                          "reported": reported.get((m.name, stat), np.nan)})
         if not m.is_throughput and m.quantity is not Quantity.ITL_GAPS:
             per[f"measured_{m.name}"] = values(m.quantity, meas) * m.scale
@@ -107,7 +107,8 @@ def compare(run: BenchmarkRun, result, *, slo: SLO | None = None,
 def objectives(tool, slo: SLO) -> str:
     """The objectives in the tool's names, e.g. ``ttft ≤ 200 ms, e2el ≤ 3000 ms``."""
     names = GOODPUT_NAMES.get(tool, {})
-    return ", ".join(f"{names.get(k, k)} ≤ {v * 1e3:g} ms" for k, v in slo.stated().items())
+    return ", ".join(f"{names.get(o.key, o.key)} ≤ {o.limit_s * 1e3:g} ms"
+                     for o in slo.stated())
 
 
 def format_comparison(c: Comparison, *, per_request: int = 0) -> str:

@@ -23,12 +23,13 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Tool", "Quantity", "Weight", "Percentile", "Metric", "Timings", "SLO",
-           "METRICS", "metrics_of", "values", "summarize_metric", "throughput", "goodput",
-           "GOODPUT_KEYS"]
+__all__ = ["Tool", "Quantity", "Weight", "Percentile", "Metric", "Timings", "SLO", "Summary",
+           "Objective", "METRICS", "metrics_of", "values", "summarize_metric", "stats_of", "throughput",
+           "goodput", "GOODPUT_KEYS"]
 
 
 class Tool(enum.Enum):
@@ -252,15 +253,30 @@ def _weights(w: Weight, t: Timings) -> np.ndarray:
     return np.ones_like(out)
 
 
-#: The statistics a comparison reports for a latency metric.
-STATS = ("mean", "p50", "p90", "p99")
+_NAN = float("nan")
 
 
-def summarize_metric(m: Metric, t: Timings, stats=STATS) -> dict[str, float]:
-    """The statistics of a latency metric in the tool's unit: ``{"mean": …, "p50": …}``
-    (NaN when no request defines it). Throughputs: use :func:`throughput`."""
+class Summary(NamedTuple):
+    """A metric's statistics in its tool's unit: a latency's ``mean``, ``p50``, ``p90``,
+    ``p99``; a throughput's ``value`` (the others NaN)."""
+
+    mean: float = _NAN
+    p50: float = _NAN
+    p90: float = _NAN
+    p99: float = _NAN
+    value: float = _NAN
+
+
+def stats_of(m: Metric) -> tuple[str, ...]:
+    """The :class:`Summary` fields that apply to ``m``."""
+    return ("value",) if m.is_throughput else ("mean", "p50", "p90", "p99")
+
+
+def summarize_metric(m: Metric, t: Timings) -> Summary:
+    """The statistics of metric ``m`` over ``t`` in the tool's unit (NaN when no request
+    defines it), aggregated by the tool's rules (weights, percentile method)."""
     if m.is_throughput:
-        return {"value": throughput(m.quantity, t) * 1.0}
+        return Summary(value=throughput(m.quantity, t))
     v = values(m.quantity, t)
     if m.quantity is Quantity.ITL_GAPS:
         w = np.ones_like(v)
@@ -270,16 +286,13 @@ def summarize_metric(m: Metric, t: Timings, stats=STATS) -> dict[str, float]:
         v, w = v[keep], w[keep]
     v = v * m.scale
     if v.size == 0:
-        return {s: float("nan") for s in stats}
-    res = {}
-    for s in stats:
-        if s == "mean":
-            res[s] = float(np.sum(v * w) / np.sum(w))
-        else:
-            q = float(s[1:]) if s != "median" else 50.0
-            res[s] = (float(np.percentile(v, q)) if m.percentile is Percentile.LINEAR
-                      else _weighted_lower(v, w, q / 100.0))
-    return res
+        return Summary()
+
+    def pct(q: float) -> float:
+        return (float(np.percentile(v, q)) if m.percentile is Percentile.LINEAR
+                else _weighted_lower(v, w, q / 100.0))
+
+    return Summary(float(np.sum(v * w) / np.sum(w)), pct(50), pct(90), pct(99))
 
 
 def _weighted_lower(v: np.ndarray, w: np.ndarray, q: float) -> float:
@@ -335,10 +348,19 @@ class SLO:
                                       and v >= 0):
                 raise ValueError(f"SLO {k} must be a number of seconds ≥ 0, not {v!r}")
 
-    def stated(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft", self.ttft_s), ("tpot", self.tpot_s),
-                                  ("itl", self.itl_s), ("ntpot", self.ntpot_s),
-                                  ("e2e", self.e2e_s)) if v is not None}
+    def stated(self) -> tuple["Objective", ...]:
+        """The objectives given, in the order ttft, tpot, itl, ntpot, e2e."""
+        return tuple(Objective(k, v) for k, v in (
+            ("ttft", self.ttft_s), ("tpot", self.tpot_s), ("itl", self.itl_s),
+            ("ntpot", self.ntpot_s), ("e2e", self.e2e_s)) if v is not None)
+
+
+class Objective(NamedTuple):
+    """One stated objective: ``key`` (``ttft``, ``tpot``, ``itl``, ``ntpot``, ``e2e``) and
+    its limit in seconds."""
+
+    key: str
+    limit_s: float
 
 
 #: Per tool, the SLO keys it knows and the quantity each checks (vLLM: ``ttft``, ``tpot``,
@@ -366,13 +388,13 @@ def goodput(tool: Tool, t: Timings, slo: SLO) -> tuple[int, float]:
         raise ValueError(f"{tool.value} reports no goodput; goodput follows "
                          f"{' or '.join(k.value for k in GOODPUT_KEYS)}")
     stated = slo.stated()
-    unknown = sorted(set(stated) - set(keys))
+    unknown = [o.key for o in stated if o.key not in keys]
     if unknown:
         names = GOODPUT_NAMES[tool]
         raise ValueError(f"{tool.value} has no goodput objective {unknown[0]!r}; allowed: "
                          f"{', '.join(names[k] for k in keys)}")
     good = t.ok.astype(bool).copy()
-    for k, limit in stated.items():
+    for k, limit in stated:
         v = values(keys[k], t)
         if tool is Tool.VLLM and k == "tpot":
             v = np.where(t.output_tokens <= 1, 0.0, v)

@@ -33,7 +33,6 @@ import enum
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -38,7 +38,7 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 #: The pages this script fills.
 PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md", "simulator.md",
-         "calibrate.md", "bulk.md")
+         "calibrate.md", "bulk.md", "workloads.md", "metrics.md")
 #: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``).
 MODULES = ("jkernel.replay.validate", "calibration.stepreport")
 

@@ -6,6 +6,8 @@
     jkernel provenance SCENARIO                       # every coefficient and assumption used
     jkernel derive CONFIG.json --name NAME [--out catalog/models]
     jkernel replay SCENARIO --requests FILE [--out FILE]   # serve a request trace
+    jkernel replay SCENARIO --workload SPEC.yaml [--concurrency N]
+    jkernel replay SCENARIO --requests RESULT.json --compare   # against a benchmark run
     jkernel plan MODEL --chip CHIP --gpus N --isl I --osl O [--ttft S] [--itl S] --rate R
 
 SCENARIO is a bundle path or the name of a scenario in the catalog. A disaggregated
@@ -238,39 +240,144 @@ def _cmd_derive(args) -> int:
     return 0
 
 
-def _cmd_replay(args) -> int:
-    """Replay a request file on the scenario's pool(s); write one row per request."""
-    from .kernel import open_inputs, open_pool
-    from .replay import format_summary, load_requests, replay, replay_disaggregated
+def _slo(items: list[str] | None):
+    """``--goodput ttft:200 tpot:50``: objectives in milliseconds, vLLM's form."""
+    from .replay.metrics import SLO
 
-    requests = load_requests(args.requests)          # errors name the file and column
-    if requests.attrs.get("sorted"):
-        print(f"jkernel: {args.requests}: arrivals were not in order; replayed sorted by "
-              "arrival", file=sys.stderr)
+    if not items:
+        return None
+    keys = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "ntpot": "ntpot_s",
+            "e2el": "e2e_s", "e2e": "e2e_s", "request_latency": "e2e_s"}
+    kw = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if name not in keys or not ms >= 0:
+            raise ValueError(f"--goodput {item!r}: allowed: KEY:MILLISECONDS with KEY one of "
+                             "ttft, tpot, itl, ntpot, e2el")
+        kw[keys[name]] = ms / 1e3
+    return SLO(**kw)
+
+
+def _schedule(requests, rate: str | None, seed: int):
+    """``--rate R``: the requests' schedule replaced by Poisson arrivals at R per second
+    (``inf``: all at once, the pure closed loop under ``--concurrency``)."""
+    import numpy as np
+
+    if rate is None:
+        return requests
+    try:
+        r = float(rate)
+    except ValueError:
+        r = -1.0
+    if not r > 0:
+        raise ValueError(f"--rate {rate!r}: allowed: requests per second > 0, or inf")
+    out = requests.copy()
+    n = len(out)
+    out["arrival_s"] = (np.zeros(n) if np.isinf(r) else
+                        np.cumsum(np.random.default_rng(seed).exponential(1.0 / r, n)))
+    return out
+
+
+def _cmd_replay(args) -> int:
+    """Replay a request file, a workload spec or a benchmark result on the scenario's
+    pool(s); write one row per request; with --compare, predicted against measured."""
+    from .kernel import open_inputs, open_pool
+    from .replay import (Clients, Window, format_summary, load_requests, load_workload, replay,
+                         replay_disaggregated)
+
+    run = None
+    clients, window = None, Window.parse(args.warmup, args.cooldown)
+    source = args.requests or args.workload
+    if args.compare and not args.requests:
+        raise ValueError("--compare needs --requests with a benchmark client's result (a "
+                         "workload spec holds no measurements)")
+    if args.workload:
+        wl = load_workload(args.workload)              # refusals name the file and key
+        requests, clients = wl.requests, wl.clients
+        if window.empty:
+            window = wl.window
+    elif args.compare or str(args.requests).lower().endswith(".json"):
+        from .replay.formats import read_benchmark
+
+        run = read_benchmark(args.requests, benchmark=args.benchmark)
+        requests, clients = run.requests, run.clients
+    else:
+        requests = load_requests(args.requests)      # errors name the file and column
+        if requests.attrs.get("sorted"):
+            print(f"jkernel: {args.requests}: arrivals were not in order; replayed sorted by "
+                  "arrival", file=sys.stderr)
+    if args.concurrency is not None or args.think_time:
+        clients = Clients(args.concurrency if args.concurrency is not None
+                          else (clients.concurrency if clients else 0),
+                          args.think_time or 0.0)
+    requests = _schedule(requests, args.rate, args.seed)
+    slo = _slo(args.goodput)
     inputs = open_inputs(args.scenario)
     roles = [p.role for p in inputs.deployment.pools]
     progress = not args.no_progress and sys.stderr.isatty()
+    kw = dict(progress=progress, clock=args.clock, clients=clients,
+              window=None if window.empty else window)
     if args.pool is not None or len(roles) == 1:
-        res = replay(open_pool(args.scenario, args.pool or 0), requests, progress=progress,
-                     clock=args.clock)
+        res = replay(open_pool(args.scenario, args.pool or 0), requests, **kw)
     elif sorted(roles) == ["decode", "prefill"]:
         res = replay_disaggregated(open_pool(args.scenario, "prefill"),
-                                   open_pool(args.scenario, "decode"), requests,
-                                   progress=progress, clock=args.clock)
+                                   open_pool(args.scenario, "decode"), requests, **kw)
     else:
         raise ValueError(f"{args.scenario}: replay needs one pool or a prefill and a decode "
                          f"pool, not {', '.join(roles)}")
+    comparison = None
+    if run is not None and args.compare:
+        from .replay.compare import compare, format_comparison
+
+        comparison = compare(run, res, slo=slo, window=None if window.empty else window)
+    table = res.requests
+    if comparison is not None:
+        extra = comparison.per_request.drop(columns=["request_id"])
+        table = table.assign(**{c: extra[c].to_numpy() for c in extra.columns})
     if args.out:
         out = args.out
         if str(out).lower().endswith((".parquet", ".pq")):
-            res.requests.to_parquet(out, index=False)
+            table.to_parquet(out, index=False)
         else:
-            res.requests.to_csv(out, index=False)
+            table.to_csv(out, index=False)
+    from .replay.metrics import Tool
+
+    good = None
+    if slo is not None and comparison is None:
+        from .replay.compare import predicted_timings
+        from .replay.metrics import goodput
+
+        keep = table["measured"].to_numpy(bool) if "measured" in table else None
+        t = predicted_timings(res)
+        good = goodput(Tool.VLLM, t if keep is None else t.subset(keep), slo)
     if args.json:
-        print(json.dumps(res.summary, indent=2))
+        if comparison is not None:
+            doc = {"summary": res.summary,
+                   "comparison": comparison.aggregate.to_dict(orient="records")}
+        else:
+            doc = dict(res.summary)
+            if good is not None:
+                doc.update(good_requests=good[0], request_goodput=good[1])
+        print(json.dumps(doc, indent=2, default=float))
     else:
-        print(f"{inputs.scenario.name}: {len(requests)} requests from {args.requests}")
+        print(f"{inputs.scenario.name}: {len(requests)} requests from {source}"
+              + (f"; {clients.concurrency} closed-loop clients" if clients and clients.closed
+                 else ""))
         print(format_summary(res.summary))
+        if "measured" in res.requests:
+            left = int((~res.requests["measured"]).sum())
+            print(f"the summary leaves out {left} warm-up and cool-down requests")
+        if good is not None:
+            from .replay.compare import objectives
+
+            print(f"goodput as vllm bench serve defines it ({objectives(Tool.VLLM, slo)}): "
+                  f"{good[1]:.2f} requests/s ({good[0]} good requests)")
+        if comparison is not None:
+            print(format_comparison(comparison, per_request=args.per_request))
         if args.out:
             print(f"per-request table: {args.out}")
     return 0
@@ -380,9 +487,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_derive)
     s = scenario_cmd("replay", "replay a request trace through vLLM's scheduler, priced "
                      "step by step")
-    s.add_argument("--requests", required=True,
-                   help="CSV or Parquet: request_id, arrival_time_us (or arrival_s), "
-                        "input_tokens, output_tokens; or a residency-vllm trace.csv")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--requests",
+                     help="CSV or Parquet: request_id, arrival_time_us (or arrival_s), "
+                          "input_tokens, output_tokens; or a residency-vllm trace.csv; or a "
+                          "benchmark client's result (vLLM bench serve, guidellm, "
+                          "inference-perf JSON; llm-d lmbench CSV)")
+    src.add_argument("--workload", help="a workload spec (YAML, docs/workloads.md)")
+    s.add_argument("--compare", action="store_true",
+                   help="predicted against measured, per request and in aggregate, in the "
+                        "benchmark client's own metric definitions")
+    s.add_argument("--benchmark", type=int, default=None,
+                   help="which benchmark of a guidellm report holding several")
+    s.add_argument("--concurrency", type=int, default=None,
+                   help="closed-loop clients: each sends its next request when its previous "
+                        "one completes (no earlier than its arrival: a rate cap)")
+    s.add_argument("--think-time", type=float, default=0.0,
+                   help="seconds a closed-loop client waits before its next request")
+    s.add_argument("--rate", default=None,
+                   help="replace the arrivals by Poisson arrivals at this rate (requests/s; "
+                        "'inf': all at once)")
+    s.add_argument("--seed", type=int, default=0, help="seed of --rate's arrivals")
+    s.add_argument("--warmup", default=None,
+                   help="leave out of the summary: N requests, P%% of them, or Ts seconds")
+    s.add_argument("--cooldown", default=None, help="likewise, at the end")
+    s.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                   help="service-level objectives in ms (ttft, tpot, itl, ntpot, e2el)")
+    s.add_argument("--per-request", type=int, default=0, metavar="N",
+                   help="with --compare, also list the first N requests")
     s.add_argument("--out", default=None, help="per-request table (.csv or .parquet)")
     s.add_argument("--clock", default="expected_s", choices=["expected_s", "no_overlap_s"])
     s.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -613,35 +613,45 @@ def _row_head(cand: Candidate) -> dict:
 # Replay at the requested load
 # ---------------------------------------------------------------------------------------
 
-def workload(wl: Workload, rate_hint: float = 0.0):
+def workload(wl: Workload):
     """The seeded synthetic requests of the whole fleet: ``wl.requests`` requests of
-    ``isl`` prompt and ``osl`` answer tokens with Poisson arrivals at ``wl.rate`` (or,
-    under a concurrency target, at ``rate_hint``, the pre-screen's rate at that
-    concurrency: the replay is open-loop). A DataFrame with the replay's columns."""
+    ``isl`` prompt and ``osl`` answer tokens with Poisson arrivals at ``wl.rate``; under a
+    concurrency target every request is due at once and :func:`clients` sends them (a
+    closed loop). A DataFrame with the replay's columns."""
     import pandas as pd
 
-    rate = wl.rate if wl.rate > 0 else rate_hint
     n = wl.requests
     rng = np.random.default_rng(wl.seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n)) if rate > 0 else np.zeros(n)
+    arrivals = (np.cumsum(rng.exponential(1.0 / wl.rate, n)) if wl.rate > 0
+                else np.zeros(n))
     arrivals -= arrivals[0]
     return pd.DataFrame({"request_id": np.arange(n), "arrival_s": arrivals,
                          "input_tokens": np.full(n, wl.isl, np.int64),
                          "output_tokens": np.full(n, wl.osl, np.int64)})
 
 
-def replay_candidate(cand: Candidate, wl: Workload, repos: _catalog.Repos | None = None,
-                     rate_hint: float = 0.0) -> dict:
+def clients(wl: Workload):
+    """Who sends :func:`workload`'s requests: ``wl.concurrency`` closed-loop clients over
+    the fleet (each sends its next request when its previous one completes, as vLLM's
+    ``bench serve --max-concurrency`` does), or None for the open-loop rate."""
+    from .replay import Clients
+
+    return Clients(wl.concurrency) if wl.concurrency > 0 else None
+
+
+def replay_candidate(cand: Candidate, wl: Workload,
+                     repos: _catalog.Repos | None = None) -> dict:
     """Replay ``cand`` (every engine and replica of its pools, as :mod:`jkernel.replay`
     routes them) on the seeded workload; the replay summary's figures."""
     from . import replay as _replay
 
     kernels = [build_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
-    reqs = workload(wl, rate_hint)
+    reqs = workload(wl)
     if cand.mode == "colocated":
-        res = _replay.replay(kernels[0], reqs, seed=wl.seed)
+        res = _replay.replay(kernels[0], reqs, seed=wl.seed, clients=clients(wl))
     else:
-        res = _replay.replay_disaggregated(kernels[0], kernels[1], reqs, seed=wl.seed)
+        res = _replay.replay_disaggregated(kernels[0], kernels[1], reqs, seed=wl.seed,
+                                           clients=clients(wl))
     return replay_figures(res, cand.fleet.gpus)
 
 
@@ -776,8 +786,8 @@ def _screen_task(args):
 
 
 def _replay_task(args):
-    cand, wl, repos, hint = args
-    return replay_candidate(cand, wl, repos, hint)
+    cand, wl, repos = args
+    return replay_candidate(cand, wl, repos)
 
 
 class _Runner:
@@ -899,23 +909,10 @@ def evaluate(cands: Sequence[Candidate], wl: Workload, *, replay_top: int = 3,
                 f"{r['configuration']}: TTFT p90 {res['ttft_p90_s']:.3f} s, ITL p90 "
                 f"{res['itl_p90_s'] * 1e3:.1f} ms")
 
-        hints = [_rate_hint(rows[i], wl) for i in chosen]
-        results = run.map(_replay_task, [(cands[i], wl, repos, h)
-                                         for i, h in zip(chosen, hints)], replayed)
+        results = run.map(_replay_task, [(cands[i], wl, repos) for i in chosen], replayed)
     for i, res in zip(chosen, results):
         rows[i].update(res)
     return rows
-
-
-def _rate_hint(row: dict, wl: Workload) -> float:
-    """Under a concurrency target, the fleet request rate the pre-screen predicts there."""
-    if wl.rate > 0:
-        return wl.rate
-    itl = row.get("est_itl_s")
-    if not itl or not math.isfinite(itl):
-        return 0.0
-    ttft = row.get("est_ttft_s") or 0.0
-    return wl.concurrency / (ttft + wl.osl * itl)
 
 
 def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float = 0.0,

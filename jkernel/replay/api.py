@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
 from .sim import Pool, Simulation, ticks
 from .workload import validate_requests
@@ -36,13 +37,22 @@ class ReplayResult:
         ``completed``, ``rejected``, ``duration_s`` (first arrival to last finish).
       steps: one row per engine step: ``pool``, ``engine``, ``start_s``, ``duration_s``,
         ``requests``, ``tokens``, ``prefill_tokens``, ``kv_usage``.
-      itl_gaps_s: every gap between consecutive tokens of a request, pooled (seconds).
+      itl_gaps_s: every gap between consecutive tokens of a request, pooled over the
+        requests the summary counts (seconds).
+      token_gaps_s: per row of ``requests``, its gaps between consecutive tokens (seconds;
+        empty for a rejected or one-token request).
+
+    With closed-loop clients or sessions (:class:`~jkernel.replay.Clients`) ``arrival_s``
+    is when the request was sent, and ``scheduled_s`` the input's ``arrival_s`` (the
+    earliest send); with a :class:`~jkernel.replay.Window` a ``measured`` column says which
+    requests the summary counts (warm-up and cool-down excluded).
     """
 
     requests: pd.DataFrame
     summary: dict
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    token_gaps_s: list = field(default_factory=list)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -52,8 +62,48 @@ class ReplayResult:
                 f"E2E mean {s['e2e_mean_s']:.3f} s)")
 
 
+def _content_hashes(df: pd.DataFrame, block: int) -> list[tuple]:
+    """Block hashes from the content columns: the group's shared prefix (``prefix_group``,
+    ``prefix_length``), then the prompt's own blocks where its content recurs: a
+    ``prompt_key`` (requests sending the same prompt share every full prompt block) or a
+    ``session_id`` (a later turn's prompt begins with the previous turn's prompt and answer:
+    the hashes run over prompt and answer, so that the answer's blocks, cached as they are
+    computed, are hits for the next turn)."""
+    n = len(df)
+    if "prefix_group" in df.columns and "prefix_length" in df.columns:
+        groups = df["prefix_group"].to_numpy()
+        lengths = pd.to_numeric(df["prefix_length"], errors="coerce").fillna(0).to_numpy()
+    else:
+        groups, lengths = [None] * n, np.zeros(n)
+    session = df["session_id"].to_numpy() if "session_id" in df.columns else None
+    key = df["prompt_key"].to_numpy() if "prompt_key" in df.columns else None
+    prompt = df["input_tokens"].to_numpy()
+    answer = df["output_tokens"].to_numpy()
+
+    def blank(v) -> bool:
+        return v is None or (isinstance(v, float) and np.isnan(v)) or v == ""
+
+    out = []
+    for i in range(n):
+        g, shared = groups[i], int(lengths[i])
+        own = ("s", session[i]) if session is not None and not blank(session[i]) else (
+            ("p", key[i]) if key is not None and not blank(key[i]) else None)
+        if own is None:
+            full = shared // block if not blank(g) else 0
+        elif own[0] == "s":
+            full = (int(prompt[i]) + int(answer[i]) - 1) // block
+        else:
+            full = int(prompt[i]) // block
+        pre = shared // block if not blank(g) else 0
+        out.append(tuple(hash((g, j)) if j < pre else hash((own, j)) for j in range(full)))
+    return out
+
+
 def _hashes(df: pd.DataFrame, block: int) -> list[tuple] | None:
     """Per request, the hashes of its full prompt blocks (None when none are given)."""
+    if "block_hashes" not in df.columns and (
+            "prompt_key" in df.columns or "session_id" in df.columns):
+        return _content_hashes(df, block)
     if "block_hashes" in df.columns:
         out = []
         for v in df["block_hashes"]:
@@ -121,18 +171,33 @@ def _progress_bar(show: bool, total: int):
     return tqdm(total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5)
 
 
-def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayResult:
-    df = validate_requests(requests, source=requests.attrs.get("source", "requests"))
+def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
+         clients: Clients | None = None, window: Window | None = None) -> ReplayResult:
+    source = requests.attrs.get("source", "requests")
+    df = validate_requests(requests, source=source)
+    if clients is not None and not isinstance(clients, Clients):
+        raise TypeError(f"clients must be a jkernel.replay.Clients, not "
+                        f"{type(clients).__name__}")
+    if window is not None and not isinstance(window, Window):
+        raise TypeError(f"window must be a jkernel.replay.Window, not {type(window).__name__}")
+    sessions = sessions_of(df, source)
     rejected, reasons = _reject(df, [p.limits for p in pools])
     for p in pools:
         _check_start(p)
     keep = np.flatnonzero(~rejected)
     arrival_us = np.array([ticks(x) for x in df["arrival_s"].to_numpy()], np.int64)
     hashes = _hashes(df, pools[0].limits.block_size)
+    loop = None
+    if (clients is not None and clients.closed) or sessions is not None:
+        loop = ClientLoop(arrival_us[keep],
+                          None if sessions is None else sessions.session[keep],
+                          None if sessions is None else
+                          np.array([ticks(x) for x in sessions.think_s[keep]], np.int64),
+                          clients or Clients())
     sim = Simulation(pools, arrival_us[keep], df["input_tokens"].to_numpy()[keep],
                      df["output_tokens"].to_numpy()[keep],
                      None if hashes is None else [hashes[i] for i in keep],
-                     progress=_progress_bar(progress, len(keep)))
+                     progress=_progress_bar(progress, len(keep)), clients=loop)
     sim.run()
     n = len(df)
     first = np.full(n, np.nan)
@@ -140,7 +205,10 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayRes
     last = np.full(n, np.nan)
     pre = np.zeros(n, np.int64)
     cached = np.zeros(n, np.int64)
-    gaps = []
+    token_gaps = [_NO_GAPS] * n
+    sent_us = arrival_us.copy()
+    if loop is not None:
+        sent_us[keep] = sim.arrival_us
     for j, i in enumerate(keep):
         times = sim.tokens_us[j]
         if sim.finish_us[j] >= 0:
@@ -148,13 +216,13 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayRes
             last[i] = times[-1] / 1e6
             finish[i] = sim.finish_us[j] / 1e6
             if len(times) > 1:
-                gaps.append(np.diff(np.asarray(times, np.int64)))
+                token_gaps[i] = np.diff(np.asarray(times, np.int64)) / 1e6
         pre[i] = sim.preemptions[j]
         cached[i] = sim.cached_tokens[j]
-    arrival = arrival_us / 1e6
+    arrival = sent_us / 1e6
     out = pd.DataFrame({
         "request_id": df["request_id"].to_numpy(),
-        "arrival_s": df["arrival_s"].to_numpy(),
+        "arrival_s": df["arrival_s"].to_numpy() if loop is None else arrival,
         "input_tokens": df["input_tokens"].to_numpy(),
         "output_tokens": df["output_tokens"].to_numpy(),
         "ttft_s": first - arrival,
@@ -169,6 +237,12 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayRes
         "rejected": rejected,
         "reject_reason": reasons,
     })
+    if loop is not None:
+        out["scheduled_s"] = df["arrival_s"].to_numpy()
+    measured = None
+    if window is not None and not window.empty:
+        measured = window.measured(out["arrival_s"].to_numpy(float), finish)
+        out["measured"] = measured
     for col in df.columns:                       # carry what the input had besides
         if col not in out.columns:
             out[col] = df[col].to_numpy()
@@ -177,9 +251,15 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayRes
                                                 "kv_usage"])
     steps["start_s"] /= 1e6
     steps["duration_s"] /= 1e6
-    gap_s = np.concatenate(gaps) / 1e6 if gaps else np.zeros(0)
-    summary = summarize(out, gap_s, steps=len(steps), kv_usage_peak=sim.kv_usage_peak)
-    return ReplayResult(out, summary, steps, gap_s)
+    counted = range(n) if measured is None else np.flatnonzero(measured)
+    gaps = [token_gaps[i] for i in counted if len(token_gaps[i])]
+    gap_s = np.concatenate(gaps) if gaps else np.zeros(0)
+    table = out if measured is None else out[measured]
+    summary = summarize(table, gap_s, steps=len(steps), kv_usage_peak=sim.kv_usage_peak)
+    return ReplayResult(out, summary, steps, gap_s, token_gaps)
+
+
+_NO_GAPS = np.zeros(0)
 
 
 def summarize(table: pd.DataFrame, itl_gaps_s: np.ndarray | None = None, *, steps: int = 0,
@@ -234,7 +314,8 @@ def format_summary(summary: dict) -> str:
 
 
 def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int = 0,
-           clock: str = "expected_s") -> ReplayResult:
+           clock: str = "expected_s", clients: Clients | None = None,
+           window: Window | None = None) -> ReplayResult:
     """Replay ``requests`` on the pool of ``kernel`` (a colocated deployment).
 
     Args:
@@ -247,14 +328,21 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
       seed: accepted for a stable interface; the replay itself is deterministic (FCFS,
         least-loaded routing with ties to the lowest index) and draws no random numbers.
       clock: ``"expected_s"`` (jkernel's estimate) or ``"no_overlap_s"``.
+      clients: who sends the requests (:class:`~jkernel.replay.Clients`): closed-loop
+        clients, whose schedule ``arrival_s`` is the earliest send; None (or
+        concurrency 0): each request at its ``arrival_s``, a session's later turns when
+        the previous turn has finished (``session_id``, ``think_s`` columns).
+      window: the warm-up and cool-down the summary leaves out
+        (:class:`~jkernel.replay.Window`); None: every request counts.
     """
     del seed
-    return _run([Pool(kernel, clock=clock)], requests, progress)
+    return _run([Pool(kernel, clock=clock)], requests, progress, clients, window)
 
 
 def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, *,
                          progress: bool = False, seed: int = 0,
-                         clock: str = "expected_s") -> ReplayResult:
+                         clock: str = "expected_s", clients: Clients | None = None,
+                         window: Window | None = None) -> ReplayResult:
     """Replay ``requests`` on a prefill pool and a decode pool (vLLM's proxy flow with a KV
     connector). The prefill pool's nodes come first, then the decode pool's; the KV
     transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
@@ -262,4 +350,4 @@ def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, 
     del seed
     pre = Pool(prefill_kernel, name="prefill", clock=clock)
     dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
-    return _run([pre, dec], requests, progress)
+    return _run([pre, dec], requests, progress, clients, window)

@@ -144,13 +144,17 @@ class Simulation:
 
     ``arrival_us``, ``prompt``, ``output``: int arrays, one entry per request (only the
     accepted ones are replayed); ``hashes``: per request, a tuple of prompt-block hashes.
+    ``clients``: a :class:`~jkernel.replay.clients.ClientLoop` deciding when each request
+    is sent (closed-loop clients, sessions); then ``arrival_us`` is overwritten with the
+    sends it chose. Without one every request arrives at its ``arrival_us``.
     """
 
     def __init__(self, pools: list[Pool], arrival_us, prompt, output, hashes=None,
-                 *, progress=None):
+                 *, progress=None, clients=None):
         self.pools = pools
         self.disaggregated = len(pools) == 2
-        self.arrival_us = np.asarray(arrival_us, np.int64)
+        self.arrival_us = np.array(arrival_us, np.int64)
+        self._clients = clients
         self.prompt = np.asarray(prompt, np.int64)
         self.output = np.asarray(output, np.int64)
         n = len(self.arrival_us)
@@ -173,16 +177,23 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._heap, (t, kind, self._seq, obj))
 
-    def run(self) -> "Simulation":
+    def _send(self, rid: int, t: int) -> None:
+        """Request ``rid`` reaches the entry pool at ``t``."""
         entry = self.pools[0]
-        lim = entry.limits
-        for rid in range(self.n):
-            p = int(self.prompt[rid])
-            wanted = 1 if self.disaggregated else int(self.output[rid])
-            seq = Seq(rid, p, wanted, prefill_only=self.disaggregated,
-                      hashes=self.hashes[rid] if lim.prefix_caching else ())
-            self._push(int(self.arrival_us[rid]) + entry.admission_us(p), _ARRIVE,
-                       (entry, None, seq))
+        p = int(self.prompt[rid])
+        wanted = 1 if self.disaggregated else int(self.output[rid])
+        seq = Seq(rid, p, wanted, prefill_only=self.disaggregated,
+                  hashes=self.hashes[rid] if entry.limits.prefix_caching else ())
+        self.arrival_us[rid] = t
+        self._push(t + entry.admission_us(p), _ARRIVE, (entry, None, seq))
+
+    def run(self) -> "Simulation":
+        if self._clients is None:
+            for rid in range(self.n):
+                self._send(rid, int(self.arrival_us[rid]))
+        else:
+            for rid, t in self._clients.start():
+                self._send(rid, t)
         heap = self._heap
         pop = heapq.heappop
         while heap:
@@ -280,6 +291,9 @@ class Simulation:
                     self._done += 1
                     if self._progress is not None:
                         self._progress.update(1)
+                    if self._clients is not None:      # a client sends its next request
+                        for nxt, at in self._clients.finished(rid, self.finish_us[rid]):
+                            self._send(nxt, at)
 
     @staticmethod
     def _leave(replica: Replica, seq: Seq) -> None:

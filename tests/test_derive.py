@@ -365,6 +365,22 @@ def test_qwen3_qk_norm_bytes():
     assert roles.index("qkv_proj") < roles.index("q_norm") < roles.index("k_norm")
 
 
+def test_llama4_empty_no_rope_layers_means_the_interval_rule():
+    """An empty ``no_rope_layers`` list (RedHatAI's FP8-dynamic Scout ships one) is absent to
+    HF Llama4TextConfig, so every 4th layer is NoPE as without the key; a non-empty list of the
+    wrong length is still refused."""
+    cfg = json.loads((MODELS / "llama-4-scout-17b-16e" / "config.json").read_bytes())
+    base = derive_graph(cfg, name="x", sha256="0" * 64)
+    cfg["text_config"]["no_rope_layers"] = []
+    empty = derive_graph(cfg, name="x", sha256="0" * 64)
+    assert empty == base
+    assert [k["id"] for k in empty["layer_kinds"]] == ["attn_moe", "nope_moe"]
+    cfg["text_config"]["no_rope_layers"] = [1, 1, 1]
+    with pytest.raises(Refusal) as e:
+        derive_graph(cfg, name="x", sha256="0" * 64)
+    assert e.value.field == "text_config.no_rope_layers"
+
+
 def test_write_model_round_trip(tmp_path):
     cfg, _ = _shipped("mixtral-8x7b-v0.1")
     gpath = write_model(cfg, "mixtral-8x7b-v0.1", tmp_path)

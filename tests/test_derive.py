@@ -116,6 +116,21 @@ def test_shipped_graph_equals_derivation(name):
     assert ident["name"] == name
 
 
+_OTHER_MODELS = sorted(p.name for p in MODELS.iterdir()
+                       if p.is_dir() and p.name not in SHIPPED_MODELS)
+
+
+@pytest.mark.parametrize("name", _OTHER_MODELS)
+def test_catalog_graph_from_another_source_equals_derivation(name):
+    """Catalog models whose config is not in the hf-configs folder (serving-run configs,
+    checkpoints added with ``jkernel derive``) are still what the deriver makes of the
+    config.json shipped beside them."""
+    shipped = yaml.load((MODELS / name / "graph.yaml").read_text(), Loader=_Loader)
+    assert _graph(name) == shipped
+    data = (MODELS / name / "config.json").read_bytes()
+    assert shipped["derived_from"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
 # -- §7 model facts -----------------------------------------------------------------------------
 # (L, H, V, attention kind, q/kv/d_h, inter, E/k/S, e-inter, weights, speculator)
 

@@ -716,7 +716,11 @@ def _plan_llama4(c: _Cfg) -> _Plan:
     moe = _Moe(experts=experts, top_k=top_k, n=n, shared=1, shared_inter=n,
                router_mods=("feed_forward.router",),
                expert_mods=("feed_forward.experts", "feed_forward.experts.gate_up_proj"),)
-    no_rope = c.list("no_rope_layers", L)
+    # spec silent; vLLM v0.31.0 reads the config through HF Llama4TextConfig, which takes an
+    # empty no_rope_layers list as absent (no model has zero layers) and falls back to the
+    # interval rule below; compressed checkpoints such as RedHatAI's FP8-dynamic Scout ship
+    # "no_rope_layers": [].
+    no_rope = c.list("no_rope_layers", L) if c.list("no_rope_layers") else None
     if no_rope is None:
         interval = c.int("no_rope_layer_interval", 4)
         # spec silent; vLLM v0.31.0 (HF Llama4TextConfig default): layer i uses RoPE iff

@@ -116,6 +116,21 @@ def test_shipped_graph_equals_derivation(name):
     assert ident["name"] == name
 
 
+_OTHER_MODELS = sorted(p.name for p in MODELS.iterdir()
+                       if p.is_dir() and p.name not in SHIPPED_MODELS)
+
+
+@pytest.mark.parametrize("name", _OTHER_MODELS)
+def test_catalog_graph_from_another_source_equals_derivation(name):
+    """Catalog models whose config is not in the hf-configs folder (serving-run configs,
+    checkpoints added with ``jkernel derive``) are still what the deriver makes of the
+    config.json shipped beside them."""
+    shipped = yaml.load((MODELS / name / "graph.yaml").read_text(), Loader=_Loader)
+    assert _graph(name) == shipped
+    data = (MODELS / name / "config.json").read_bytes()
+    assert shipped["derived_from"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
 # -- §7 model facts -----------------------------------------------------------------------------
 # (L, H, V, attention kind, q/kv/d_h, inter, E/k/S, e-inter, weights, speculator)
 
@@ -363,6 +378,22 @@ def test_qwen3_qk_norm_bytes():
     assert (qn["bytes_per_token"], kn["bytes_per_token"]) == (2 * 2 * 64 * 128, 2 * 2 * 8 * 128)
     roles = [n.get("role") for n in nodes]
     assert roles.index("qkv_proj") < roles.index("q_norm") < roles.index("k_norm")
+
+
+def test_llama4_empty_no_rope_layers_means_the_interval_rule():
+    """An empty ``no_rope_layers`` list (RedHatAI's FP8-dynamic Scout ships one) is absent to
+    HF Llama4TextConfig, so every 4th layer is NoPE as without the key; a non-empty list of the
+    wrong length is still refused."""
+    cfg = json.loads((MODELS / "llama-4-scout-17b-16e" / "config.json").read_bytes())
+    base = derive_graph(cfg, name="x", sha256="0" * 64)
+    cfg["text_config"]["no_rope_layers"] = []
+    empty = derive_graph(cfg, name="x", sha256="0" * 64)
+    assert empty == base
+    assert [k["id"] for k in empty["layer_kinds"]] == ["attn_moe", "nope_moe"]
+    cfg["text_config"]["no_rope_layers"] = [1, 1, 1]
+    with pytest.raises(Refusal) as e:
+        derive_graph(cfg, name="x", sha256="0" * 64)
+    assert e.value.field == "text_config.no_rope_layers"
 
 
 def test_write_model_round_trip(tmp_path):

@@ -26,7 +26,8 @@ CATALOG = ROOT / "catalog"
 SETS = ["cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
         "cost-model-attention", "cost-model-recurrent", "cost-model-memory"]
 CHIPS = ["gb200-nvl72", "gb300", "b200", "b300", "h100", "h200", "l40s", "a100-sxm", "a100-80",
-         "a100-40", "l4"]      # the last two: chips of tests/data/kv_capacity.csv
+         "a100-40", "l4",       # chips of tests/data/kv_capacity.csv
+         "rtx-4090", "rtx-pro-6000"]     # chips of the serving-runs (validation/BASELINE.md)
 MODES = ["none", "piecewise", "full", "full_and_piecewise", "full_decode_only"]
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]
 
@@ -84,6 +85,9 @@ FACTS = {
     # Not in documents.md §3.1: NVIDIA's A100 40GB and L4 datasheets (catalog/hardware).
     "a100-40": (312, None, None, 1.555, 40, 300, 108, None, None, None),
     "l4": (121, 242, None, 0.3, 24, 32, 58, None, None, None),
+    # Dense FP32-accumulate tensor rates of the workstation parts (catalog/hardware comments).
+    "rtx-4090": (165.2, 330.3, None, 1.008, 24, 32, 128, None, None, None),
+    "rtx-pro-6000": (503.8, 1007.6, None, 1.792, 96, 64, 188, None, None, None),
 }
 CHIP_KEYS = ["TFlopsPeak", "TFlopsFP8", "TFlopsNVFP4", "BwPeakTBs", "MemoryGiB",
              "IntraNodeBwGBps", "SMCount", "GPUsPerNode", "GPUsPerRack", "IntraRackBwGBps"]

@@ -1,0 +1,228 @@
+"""Why the serving-runs baseline misses where it does: the evidence tables of
+validation/BASELINE.md ("What misses and why").
+
+    python -m validation.serving_runs_diagnosis --data /work/shared/data/serving-runs \\
+        --profiles /work/shared/data/aic-op-profiles [--only NAME ...]
+
+Each table isolates one cause, with the shipped constants unchanged (a "what if" column
+prices a named alternative to show its size, it changes nothing shipped):
+
+* ``operating_point``: the kernel's step price at each trainval stage's *measured* operating
+  point (Little's law: N = rate × (E2E − TTFT) decoding requests, contexts spread evenly over
+  the output) against the measured ITL. With whole-prompt prefix hits the steps are nearly
+  pure decode, so this is the step-cost error without the replay's queueing feedback.
+* ``decode_attention``: the H100 decode-attention profile's achieved bandwidth by KV heads
+  per GPU, against the single shipped rate.
+* ``moe``: the H100 MoE profile of Llama-4-Scout's expert shape (fp8 block-scaled, the
+  fp8 path whose cost the measured steps allow) against the kernel's routed-expert term per
+  layer, by tokens per step.
+* ``workstation``: the measured decode step of the LLMServingSim runs in every second with
+  no prompt tokens (running / generated tokens per second), the kernel's price of the batch
+  running then (reconstructed from the per-request timestamps), and the same with a named
+  alternative (rtx-4090: the GEMM ramp's m_half scaled by the chip's compute-to-bandwidth
+  ratio; rtx-pro-6000: H100's fitted engine constants).
+* ``llmd_cache``: llm-d load points replayed with a cold prefix cache (the baseline) and
+  with every prompt already cached (the same 252 requests replayed once before), which
+  bracket the unknown cache state of a server that was not restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import serving_runs as S
+
+__all__ = ["operating_point", "decode_attention", "moe", "workstation", "llmd_cache", "main"]
+
+
+def _batch(k, contexts):
+    from jkernel import Batch
+
+    contexts = np.asarray(contexts, np.int64)
+    return Batch([1] * len(contexts), contexts, decode_threshold=k.settings["decode_threshold"])
+
+
+def _terms(k, batch) -> pd.Series:
+    """The kernel's ``expected_s`` per term of one batch, ms."""
+    return k.breakdown(batch).groupby("term")["expected_s"].sum() * 1e3
+
+
+def operating_point(root: str | Path) -> pd.DataFrame:
+    """Per trainval stage: measured ITL, the kernel's decode step at the measured operating
+    point, their ratio − 1, and the step's host-serial, decode-attention, routed-expert and
+    collective parts (ms)."""
+    runs = pd.read_csv(Path(root) / "inference-sim-trainval" / "runs.csv")
+    runs = runs[runs["stage_index"] >= 0]
+    kernels: dict = {}
+    rows = []
+    for _, r in runs.iterrows():
+        scen = S.TRAINVAL[r["run_id"]]
+        if scen not in kernels:
+            kernels[scen] = S.open_kernel(scen)
+        k = kernels[scen]
+        e2e, ttft = r["e2e_mean_ms"] / 1e3, r["ttft_mean_ms"] / 1e3
+        n = max(1, int(round(r["stage_rate_rps"] * (e2e - ttft))))
+        prompt, out = r["system_prompt_len"] + r["question_len"], r["output_len"]
+        ctx = prompt + (np.arange(n) + 0.5) / n * out
+        b = _batch(k, ctx.astype(int))
+        step = k.step_time(b).expected_s * 1e3
+        t = _terms(k, b)
+        itl = (e2e - ttft) / (out - 1) * 1e3
+        rows.append({"run": r["run_id"], "stage": int(r["stage_index"]), "requests_per_step": n,
+                     "context": int(ctx.mean()), "measured_itl_ms": itl, "step_ms": step,
+                     "error": step / itl - 1, "host_serial_ms": t.get("host serial", 0.0),
+                     "decode_attention_ms": t.filter(like="attention decode").sum(),
+                     "experts_ms": t.filter(like="expert").sum(),
+                     "collectives_ms": t[[i for i in t.index if "all_reduce" in i
+                                          or "alltoall" in i or "all_gather" in i]].sum()})
+    return pd.DataFrame(rows)
+
+
+def decode_attention(profiles: str | Path, chip: str = "h100_sxm") -> pd.DataFrame:
+    """Median achieved bandwidth (TB/s) of the decode-attention profile (bf16 KV, head 128,
+    no window, ≥ 200 MB read per call) per KV heads per GPU, and the shipped rate."""
+    g = pd.read_parquet(Path(profiles) / chip / "attention" / "vllm" / "0.24.0"
+                        / "generation_attention_perf.parquet")
+    g = g[(g["head_dim"] == 128) & (g["kv_cache_dtype"].astype(str) == "bfloat16")
+          & (g["window_size"].fillna(0) == 0)]
+    nbytes = g["batch_size"] * (g["step"] + 1) * 2 * g["num_key_value_heads"] * 128 * 2
+    g = g.assign(tbs=nbytes / (g["latency"] * 1e-3) / 1e12)[nbytes > 2e8]
+    out = g.groupby("num_key_value_heads")["tbs"].agg(["median", "count"]).reset_index()
+    k = S.open_kernel("llama-2-7b-h100-tp1-vllm0.15")
+    out["shipped_rate_tbs"] = k.params.value("attention_decode_rate") / 1e12
+    return out.rename(columns={"median": "profile_tbs", "count": "calls"})
+
+
+def moe(profiles: str | Path) -> pd.DataFrame:
+    """Llama-4-Scout experts per layer (ms) by tokens per step: the H100 profile (fp8 block,
+    balanced routing, moe_tp 2 and 4) against the kernel's routed-expert term at tp 2 and 4."""
+    m = pd.read_parquet(Path(profiles) / "h100_sxm" / "moe" / "vllm" / "0.24.0"
+                        / "moe_perf.parquet")
+    m = m[(m["hidden_size"] == 5120) & (m["inter_size"] == 8192) & (m["topk"] == 1)
+          & (m["num_experts"] == 16) & (m["moe_ep_size"] == 1)
+          & (m["distribution"] == "balanced") & (m["moe_dtype"].astype(str) == "fp8_block")]
+    prof = m.pivot_table(index="num_tokens", columns="moe_tp_size", values="latency")
+    rows = []
+    kernels = {2: S.open_kernel("llama-4-scout-fp8-h100-tp2-vllm0.15"),
+               4: S.open_kernel(S.LLMD)}
+    layers = 48
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        row = {"tokens": n}
+        for tp, k in kernels.items():
+            t = _terms(k, _batch(k, [700] * n))
+            row[f"kernel_tp{tp}_ms"] = t.get("routed experts", 0.0) / layers
+            row[f"profile_tp{tp}_ms"] = float(prof.loc[n, tp]) if n in prof.index else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def workstation(root: str | Path) -> pd.DataFrame:
+    """Per LLMServingSim run: over the seconds with no prompt tokens, the median measured
+    decode step, the kernel's price of the reconstructed batch, and the price under the
+    named alternative (errors are medians over those seconds)."""
+    h = S.open_kernel("qwen2.5-7b-h100-tp1-mnbt2048-vllm0.15")
+    h100 = {n: h.params.value(n) for n in ("host_serial", "host_serial_per_request",
+                                           "compute_derate")}
+    rows = []
+    for run, scen in S.LLMSERVINGSIM.items():
+        folder = Path(root) / "llmservingsim" / run
+        k = S.open_kernel(scen)
+        if "rtx-4090" in scen:
+            chip = k.inputs.chip
+            ratio = (chip.bf16_peak_tflops / chip.hbm_tbs) / (362.05 / 0.864)   # l40s's
+            alt = k.with_params(k.params.replace(
+                gemm_m_half_bf16=k.params.value("gemm_m_half_bf16") * ratio))
+            alt_name = f"gemm_m_half_bf16 × {ratio:.3f} (l40s's ramp at this chip's ridge)"
+        else:
+            alt = k.with_params(k.params.replace(**{n: v for n, v in h100.items()
+                                                    if n in k.params}))
+            alt_name = "H100's host_serial, host_serial_per_request, compute_derate"
+        dp = int(k.resolved().data_parallel())
+        ts = pd.read_csv(folder / "timeseries.csv")
+        q = pd.read_csv(folder / "requests.csv")
+        arrival = q["arrival_time_us"] / 1e6
+        first, last = arrival + q["ttft_us"] / 1e6, arrival + q["e2e_us"] / 1e6
+        per = []
+        for _, r in ts[(ts["prompt_throughput"] == 0) & (ts["gen_throughput"] > 0)].iterrows():
+            t = r["t"] - 0.5
+            live = (first <= t) & (last >= t)
+            ctx = (q["input_tokens"] + (t - first) / (last - first) * q["output_tokens"])[live]
+            ctx = ctx.astype(int).to_numpy()[::dp]
+            if len(ctx) == 0:
+                continue
+            meas = r["running"] / r["gen_throughput"] * 1e3
+            b = _batch(k, ctx)
+            per.append((meas, k.step_time(b).expected_s * 1e3, alt.step_time(b).expected_s * 1e3,
+                        r["running"], int(live.sum())))
+        d = pd.DataFrame(per, columns=["measured", "kernel", "alt", "running", "reconstructed"])
+        rows.append({"run": run, "seconds": len(d), "running": d["running"].median(),
+                     "reconstructed": d["reconstructed"].median(),
+                     "measured_step_ms": d["measured"].median(),
+                     "kernel_step_ms": d["kernel"].median(),
+                     "error": (d["kernel"] / d["measured"] - 1).median(),
+                     "alternative": alt_name,
+                     "alternative_error": (d["alt"] / d["measured"] - 1).median()})
+    return pd.DataFrame(rows)
+
+
+def llmd_cache(root: str | Path, loads=("4", "10", "24", "50", "75", "100")) -> pd.DataFrame:
+    """llm-d load points: measured mean TTFT and ITL (ms) against the replay with a cold
+    prefix cache and with every prompt cached."""
+    from jkernel.replay import load_requests, replay
+
+    k = S.open_kernel(S.LLMD)
+    rows = []
+    for run in S.discover(root, ("llm-d",)):
+        if run.run.split()[0] not in loads:
+            continue
+        df = load_requests(run.requests)
+        hashes = [" ".join(str(i * 100_000 + j) for j in range(n // 16))
+                  for i, n in enumerate(df["input_tokens"])]
+        warm = df.assign(request_id=["w" + str(x) for x in df["request_id"]], block_hashes=hashes)
+        live = df.assign(block_hashes=hashes, arrival_s=df["arrival_s"] + 300.0)
+        t = replay(k, pd.concat([warm, live], ignore_index=True)).requests
+        t = t[~t["request_id"].astype(str).str.startswith("w")]
+        w = S._stats(t["ttft_s"], t["e2e_s"], t["output_tokens"])
+        m = S.measured(run, root, df).iloc[0]
+        c = S.replay_run(run, root, k)[0].iloc[0]
+        rows.append({"load": run.run, "ttft_measured_ms": m["ttft_mean"] * 1e3,
+                     "ttft_cold_ms": c["ttft_mean_predicted"] * 1e3,
+                     "ttft_warm_ms": w["ttft_mean"] * 1e3,
+                     "itl_measured_ms": m["itl_mean"] * 1e3,
+                     "itl_cold_ms": c["itl_mean_predicted"] * 1e3,
+                     "itl_warm_ms": w["itl_mean"] * 1e3})
+    return pd.DataFrame(rows)
+
+
+TABLES = ("operating_point", "decode_attention", "moe", "workstation", "llmd_cache")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validation.serving_runs_diagnosis",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="../shared/data/serving-runs")
+    p.add_argument("--profiles", default="../shared/data/aic-op-profiles")
+    p.add_argument("--only", nargs="*", choices=TABLES, default=list(TABLES))
+    a = p.parse_args(argv)
+    import jkernel
+
+    jkernel.enable_x64()
+    pd.set_option("display.width", 220)
+    calls = {"operating_point": lambda: operating_point(a.data),
+             "decode_attention": lambda: decode_attention(a.profiles),
+             "moe": lambda: moe(a.profiles), "workstation": lambda: workstation(a.data),
+             "llmd_cache": lambda: llmd_cache(a.data)}
+    for name in a.only:
+        print(f"## {name}")
+        print(calls[name]().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,42 +1,26 @@
 """Calibration of jkernel's step-time laws against measured data.
 
-The package turns public operator measurements and step traces into the parameters of
-jkernel's cost laws, evaluating the very laws the step function uses (``jkernel.laws``), and
-reports how well they hold:
+The package turns public operator measurements and measured steps into the parameters of
+jkernel's cost laws, evaluating the very laws the step function uses (:mod:`jkernel.laws`),
+and reports how well they hold. It is four rooms, each with one job (``README.md`` in this
+folder has the data flows and the layer table that ``tests/test_calibration_layers.py``
+reads):
 
-* :mod:`calibration.profiles`: typed loaders for the per-operator tables of NVIDIA
-  AIConfigurator (GEMM, prefill and decode attention, MoE, MLA modules, NCCL collectives
-  and vLLM's custom all-reduce) and Vidur's per-op CSV profiles, with explicit units,
-  dropped rows counted by reason, and deterministic fit / held-out splits by shape;
-* :mod:`calibration.base`: what every fit shares (parameters, problems, the one Adam loop,
-  the soft-L1 loss, error statistics, the one held-out split ``held_out`` that every fit
-  and report uses, the deterministic subsample);
-* :mod:`~calibration.gemm`, :mod:`~calibration.attention`, :mod:`~calibration.moe` and
-  :mod:`~calibration.collectives`: per-primitive fits in log/logit space (optax, robust loss
-  on the log ratio), held-out errors beside the spec's reference values; and
-  :mod:`calibration.fit`, the whole-chip fit ``fit_chip``;
-* :mod:`calibration.traces`: the JSON Lines step-trace format and trace fits through
-  ``jax.grad`` of ``expected_s``; :mod:`calibration.validate`: errors per step kind and
-  batch size; :mod:`calibration.stepfit`: which engine-level constants a measured trace
-  fixes (residual terms, identifiability, time-split fit, errors before and after);
-* :mod:`calibration.importers` (aggregate rows, streamed token timestamps, the splitwise
-  table) and :mod:`calibration.residency` (a streamed serving run's ``trace.csv`` +
-  ``trace.itl.csv``);
-* :mod:`calibration.uncertainty`: Gauss–Newton / Laplace standard errors, prediction bands
-  and identifiability;
-* :mod:`calibration.report`: coefficient sets in the catalog's format and Markdown reports;
-* ``python -m calibration profiles|traces|import`` and ``python -m calibration.regenerate``
-  (the shipped catalog's calibrated values, ``--steps`` for the step-trace constants).
+* :mod:`jkernel.calibration.data`: data loaders: operator profiles (AIConfigurator, Vidur),
+  the step-trace format, importers into it (aggregate rows, streamed token timestamps,
+  Splitwise, residency-vllm runs) and the one held-out split;
+* :mod:`jkernel.calibration.fit`: the fits: the shared machinery (parameters, the one Adam
+  loop, losses, statistics), uncertainty, the primitive fits and the chip fit, the
+  step-trace fit with its one log-price program, and the step-constant fit;
+* :mod:`jkernel.calibration.report`: coefficient-set writing, Markdown reports, plots;
+* drivers: ``python -m jkernel.calibration profiles|traces|import`` (:mod:`.__main__`),
+  ``python -m jkernel.calibration.regenerate`` (the shipped catalog's calibrated values) and
+  ``python -m jkernel.calibration.seed`` (the catalog's first collectives).
 
-The modules form layers, each importing only those before it: ``uncertainty`` ← ``base``
-← ``profiles`` ← primitives and ``traces`` ← ``validate`` ← ``stepfit`` ← ``fit``
-← ``importers``, ``report`` ← ``residency``, ``seed`` ← ``regenerate`` ← ``__main__``
-(``tests/test_calibration_layers.py``). No module sets ``jax.config`` at import.
-
-Importing :mod:`calibration` is cheap: it imports none of its submodules, numpy, JAX or
-pyarrow. Import the submodule you need, e.g. ``from calibration import profiles``.
-pyarrow, needed to read the Parquet tables, is the optional extra
-``pip install 'jkernel[profiles]'``.
+No module sets ``jax.config`` at import. Importing :mod:`jkernel.calibration` (or a room) is
+cheap: it imports none of its submodules, numpy, JAX or pyarrow. Import the module you need,
+e.g. ``from jkernel.calibration.data import profiles``. pyarrow, needed to read the Parquet
+tables, is the optional extra ``pip install 'jkernel[profiles]'``.
 """
 
 __all__: list[str] = []

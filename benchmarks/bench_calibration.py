@@ -34,7 +34,7 @@ def _since(t):
 
 
 def bench_profiles(data: Path, chip: str) -> None:
-    from calibration.fit import FitSettings, fit_chip
+    from jkernel.calibration.fit.chip import FitSettings, fit_chip
     t = _clock()
     cf = fit_chip(data, chip, settings=FitSettings())
     wall, cpu = _since(t)
@@ -51,7 +51,7 @@ def bench_profiles(data: Path, chip: str) -> None:
 def bench_trace(n_steps: int) -> None:
     import numpy as np
     import jkernel
-    from calibration import traces as T
+    from jkernel.calibration.fit import traces as T
 
     k = jkernel.open("llama-3.1-8b-h100-tp1")
     rng = np.random.default_rng(0)
@@ -85,7 +85,7 @@ SCEN = "llama-3.1-8b-h100-tp1"
 
 
 def bench_residency(root: Path, out: Path) -> None:
-    """``python -m calibration import residency`` on both runs and ``traces`` on the first
+    """``python -m jkernel.calibration import residency`` on both runs and ``traces`` on the first
     (the second held out), each as its own process, as a user runs them."""
     import subprocess
     out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,7 @@ def bench_residency(root: Path, out: Path) -> None:
 
     def timed(label, cmd):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "calibration", *cmd], check=True, env=env,
+        subprocess.run([sys.executable, "-m", "jkernel.calibration", *cmd], check=True, env=env,
                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"{label}: {time.perf_counter() - t:.1f} s wall")
 

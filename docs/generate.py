@@ -11,7 +11,7 @@ An example output in a page is a fenced block preceded by a marker naming its co
 A Markdown table (or any text that is not a code block) the program prints is a region
 between a marker naming its command and an end marker::
 
-    <!-- table: python -m jkernel.replay.validate ../shared/data/residency-vllm --markdown -->
+    <!-- table: python -m validation.replay ../shared/data/residency-vllm --markdown -->
     | run | TTFT | ...
     <!-- end table -->
 
@@ -39,8 +39,9 @@ ROOT = DOCS.parent
 #: The pages this script fills.
 PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md", "simulator.md",
          "calibrate.md", "bulk.md", "workloads.md", "metrics.md")
-#: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``).
-MODULES = ("jkernel.replay.validate", "calibration.stepreport")
+#: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``):
+#: the dataset studies of validation/, run as ``python -m`` runs them from the repository root.
+MODULES = ("validation.replay", "validation.stepreport")
 
 MARKER = re.compile(r"<!-- output: (?P<cmd>[^\n]+?) -->\n```\n(?P<body>.*?)```\n", re.S)
 TABLE = re.compile(r"<!-- table: (?P<cmd>[^\n]+?) -->\n(?P<body>.*?)<!-- end table -->\n",
@@ -68,6 +69,8 @@ def run_command(command: str) -> str:
 
         entry, args = cli.main, argv[1:]
     elif argv[:2] == ["python", "-m"] and argv[2:3] and argv[2] in MODULES:
+        if str(ROOT) not in sys.path:         # as `python -m` from the repository root
+            sys.path.insert(0, str(ROOT))
         entry, args = importlib.import_module(argv[2]).main, argv[3:]
     else:
         raise ValueError(f"a marked command starts with `jkernel` or `python -m` one of "

@@ -11,9 +11,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Repos", "shipped_root", "catalog_root", "registry_root", "scenario_path",
-           "list_chips", "list_fabrics", "list_models", "list_scenarios",
+__all__ = ["Repos", "COEFFICIENT_SETS", "shipped_root", "catalog_root", "registry_root",
+           "scenario_path", "list_chips", "list_fabrics", "list_models", "list_scenarios",
            "list_coefficient_sets"]
+
+#: The standard coefficient sets of the shipped registry (``coefficients/<set>.yaml``), in the
+#: order the shipped scenarios list them: the sets a scenario names to read every cost law.
+COEFFICIENT_SETS = ("cost-model-primitives", "cost-model-collectives",
+                    "cost-model-host-overheads", "cost-model-attention",
+                    "cost-model-recurrent", "cost-model-memory")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""calibration.base.held_out, the one held-out split of every fit and report: a stable hash
+"""data/heldout.py's held_out, the one held-out split of every fit and report: a stable hash
 of a row key (profile rows by shape, trace steps by index) or a time-ordered tail (the step
 traces), and the fits and reports that read it."""
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from calibration import profiles as P
-from calibration.base import held_out, row_hash
-from calibration.traces import StepTrace
+from jkernel.calibration.data import profiles as P
+from jkernel.calibration.data.heldout import held_out, row_hash
+from jkernel.calibration.data.traces import StepTrace
 
 
 def _gemm(m, n, k):

@@ -1,4 +1,4 @@
-"""Per-primitive profile fits, coefficient outputs and the command line (calibration/).
+"""Per-primitive profile fits, coefficient outputs and the command line (jkernel/calibration/).
 
 Runs on the committed AIConfigurator fixtures (tests/data/aic), never on the shared data.
 """
@@ -14,12 +14,14 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from calibration import gemm  # noqa: E402
-from calibration import profiles as P  # noqa: E402
-from calibration.fit import ChipFit, FitSettings, Param, chip_document, fit_chip  # noqa: E402
-from calibration.regenerate import merge_entries  # noqa: E402
-from calibration.report import (make_entry, profile_entries, profile_report,  # noqa: E402
-                                write_coefficient_set)
+from jkernel.calibration.data import profiles as P  # noqa: E402
+from jkernel.calibration.fit import gemm  # noqa: E402
+from jkernel.calibration.fit.base import Param, chip_document  # noqa: E402
+from jkernel.calibration.fit.chip import ChipFit, FitSettings, fit_chip  # noqa: E402
+from jkernel.calibration.regenerate import merge_entries  # noqa: E402
+from jkernel.calibration.report.coefficients import (make_entry, profile_entries,  # noqa: E402
+                                                     write_coefficient_set)
+from jkernel.calibration.report.markdown import profile_report  # noqa: E402
 from jkernel.documents.coefficients import Entry, Scope, load_coefficient_set  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -268,7 +270,7 @@ def test_merge_replaces_only_the_chip():
 # -- command line -----------------------------------------------------------------------------
 
 def test_cli_profiles(tmp_path):
-    from calibration.__main__ import main
+    from jkernel.calibration.__main__ import main
     out = tmp_path / "h100.yaml"
     rc = main(["profiles", "--chip", "h100", "--data", str(AIC), "--out", str(out),
                "--primitives", "decode_attention,collectives", "--steps", str(STEPS),
@@ -327,7 +329,7 @@ def test_profile_folder_refusal_lists_what_is_there(tmp_path):
 
 @pytest.mark.parametrize("layout", ["root", "own"])
 def test_fit_chip_for_a_chip_no_table_names(tmp_path, layout):
-    """`python -m calibration profiles --chip gb200-nvl72 --data D` with D the data root
+    """`python -m jkernel.calibration profiles --chip gb200-nvl72 --data D` with D the data root
     (folder `gb200`) or the chip's own folder: the GEMM fit runs and is scoped to the
     catalog chip."""
     folder = _gemm_only(tmp_path / ("gb200" if layout == "root" else "anything"))

@@ -1,4 +1,4 @@
-"""The residency importer (calibration.residency): chunks → tokens → steps.
+"""The residency importer (jkernel.calibration.data.residency): chunks → tokens → steps.
 
 Synthetic runs are written as the client writes them (trace.csv + trace.itl.csv, µs on one
 clock) from a known step schedule; the excerpt is tests/data/residency (see its README).
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.residency import find_run, import_residency
-from calibration.traces import TraceError, read_trace
+from jkernel.calibration.data.residency import find_run, import_residency
+from jkernel.calibration.data.traces import TraceError, read_trace
 
 EXCERPT = Path(__file__).parent / "data" / "residency" / "agg_2rps"
 STEP_US = 10_000.0          # every synthetic step lasts 10 ms
@@ -182,7 +182,7 @@ def test_excerpt_rebuilds_every_token():
 
 def test_cli_import_residency_writes_a_trace(tmp_path):
     out = tmp_path / "steps.jsonl"
-    r = subprocess.run([sys.executable, "-m", "calibration", "import", "residency",
+    r = subprocess.run([sys.executable, "-m", "jkernel.calibration", "import", "residency",
                         str(EXCERPT), "--out", str(out)], capture_output=True, text=True,
                        cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr
@@ -198,7 +198,7 @@ def test_cli_traces_time_split_and_held_out_run(tmp_path):
     """`traces --split time --held-trace`: fits the step constants on the first 70 % of the
     excerpt's steps, writes them as fitted h100 entries, and reports the errors of another
     trace (here the excerpt's own last third, written as a separate file) before and after."""
-    from calibration.traces import write_trace
+    from jkernel.calibration.data.traces import write_trace
     rec = import_residency(EXCERPT)
     steps = tmp_path / "steps.jsonl"
     write_trace(steps, rec.trace)
@@ -206,7 +206,8 @@ def test_cli_traces_time_split_and_held_out_run(tmp_path):
     held = tmp_path / "held.jsonl"
     write_trace(held, tail)
     out, csv = tmp_path / "fit.yaml", tmp_path / "held.csv"
-    r = subprocess.run([sys.executable, "-m", "calibration", "traces", "--traces", str(steps),
+    r = subprocess.run([sys.executable, "-m", "jkernel.calibration", "traces", "--traces",
+                        str(steps),
                         "--split", "time", "--heldout", "0.3", "--steps", "150",
                         "--fit", "host_serial,host_serial_per_request,compute_derate",
                         "--exclude-flags", "idle_before", "--held-trace", str(held),

@@ -1,4 +1,4 @@
-"""Fitting the engine-level step constants (calibration.stepfit) on synthetic steps with
+"""Fitting the engine-level step constants (jkernel.calibration.fit.stepfit) on synthetic steps with
 known values, and the step's unhidden host term they feed (jkernel.terms.host_serial)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import jkernel
-from calibration import stepfit as S
-from calibration import traces as T
-from calibration import validate as V
+from jkernel.calibration.fit import steperrors as V
+from jkernel.calibration.fit import stepfit as S
+from jkernel.calibration.fit import traces as T
 
 SCENARIO = "qwen3-14b-h100-tp1"
 TRUTH = {"host_serial": 700e-6, "host_serial_per_request": 25e-6, "compute_derate": 0.92}
@@ -134,7 +134,7 @@ def test_compute_derate_slows_compute_bound_steps_only(kernel):
 
 
 def test_held_out_part_is_the_fits_own_split(calibrated, synthetic):
-    """The report's "last 30 %" rows are the steps the fit held out (calibration.base.held_out
+    """The report's "last 30 %" rows are the steps the fit held out (data.heldout.held_out
     on end_s), not a second copy of the rule: every one after every fitted step."""
     tr, _ = synthetic
     held = calibrated.fit.held

@@ -1,4 +1,4 @@
-"""calibration.stepreport: the step-trace fit's figures as docs/calibrate.md shows them.
+"""validation/stepreport.py: the step-trace fit's figures as docs/calibrate.md shows them.
 
 The run on the committed excerpt is tests/test_docs.py's
 test_step_fit_figures_format_on_the_committed_excerpt; here the rendering and the refusal."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from calibration import stepreport
+from validation import stepreport
 
 
 def _summary(part, when, decode, prefill, bias, pred, meas):

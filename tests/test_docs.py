@@ -270,8 +270,8 @@ def test_bulk_page_first_example_runs_scaled_down():
 # -- docs/calibrate.md's command lines parse ---------------------------------------------------
 
 def _calibration_lines() -> list[str]:
-    """The ``python -m calibration …`` lines of docs/calibrate.md's code blocks, with their
-    backslash continuations joined."""
+    """The ``python -m jkernel.calibration …`` lines of docs/calibrate.md's code blocks, with
+    their backslash continuations joined."""
     out, fence, pending = [], False, ""
     for line in (DOCS / "calibrate.md").read_text().splitlines():
         if line.startswith("```"):
@@ -281,7 +281,7 @@ def _calibration_lines() -> list[str]:
             continue
         pending += line.rstrip("\\").strip() + " "
         if not line.endswith("\\"):
-            if pending.startswith("python -m calibration "):
+            if pending.startswith("python -m jkernel.calibration "):
                 out.append(pending.strip())
             pending = ""
     return out
@@ -292,7 +292,7 @@ def test_calibrate_page_command_lines_parse(line):
     """Guards: docs/calibrate.md showed a `traces` command line that exited 2 on
     its flags. Each documented line must parse with the calibration command's own parser
     (running the fits needs ../shared/data and is benchmarks' business)."""
-    from calibration.__main__ import build_parser
+    from jkernel.calibration.__main__ import build_parser
 
     build_parser().parse_args(shlex.split(line)[3:])
 
@@ -310,15 +310,15 @@ TABLES = [(page, cmd, body) for page in generate.PAGES
 
 def test_calibrate_page_has_the_generated_step_fit_figures():
     cmds = [cmd for page, cmd, _ in TABLES if page == "calibrate.md"]
-    assert "python -m calibration.stepreport ../shared/data/residency-vllm --markdown" in cmds
-    from calibration.stepfit import COLLINEAR
+    assert "python -m validation.stepreport ../shared/data/residency-vllm --markdown" in cmds
+    from jkernel.calibration.fit.stepfit import COLLINEAR
 
     assert f"(R² > {COLLINEAR})" in (DOCS / "calibrate.md").read_text()
 
 
 def test_simulator_page_has_the_generated_validation_table():
     cmds = [cmd for page, cmd, _ in TABLES if page == "simulator.md"]
-    assert any(c.startswith("python -m jkernel.replay.validate ") and "--markdown" in c
+    assert any(c.startswith("python -m validation.replay ") and "--markdown" in c
                and "--constants both" in c for c in cmds)
 
 
@@ -351,9 +351,9 @@ def test_validation_table_format_on_the_committed_excerpt(tmp_path, capsys):
     (tests/data/residency-vllm/agg_2rps_head.csv), prints a table of the doc's shape: the
     same header, the same halves, the same run labels in the same order, the same cells
     and closing sentence up to the figures."""
-    from jkernel.replay import validate as V
+    from validation import replay as V
 
-    (page, cmd, body), = [t for t in TABLES if t[1].startswith("python -m jkernel.replay.validate")]
+    (page, cmd, body), = [t for t in TABLES if t[1].startswith("python -m validation.replay")]
     argv = shlex.split(cmd)[3:]
     root = Path(argv[0])
     assert root == Path("../shared/data/residency-vllm")       # what the runs' folders hang off
@@ -381,9 +381,9 @@ def test_step_fit_figures_format_on_the_committed_excerpt(capsys):
     residual and R² sentences, the table's header and its four rows in order. (docs/calibrate.md
     showed "+2 ns per prefill token" for a residual of about 2 µs, and profile-only prefill
     errors of 0.092 and 0.125 where the program gave 0.091 and 0.123.)"""
-    from calibration import stepreport
+    from validation import stepreport
 
-    (page, cmd, body), = [t for t in TABLES if t[1].startswith("python -m calibration.step")]
+    (page, cmd, body), = [t for t in TABLES if t[1].startswith("python -m validation.step")]
     argv = shlex.split(cmd)[3:]
     assert argv[0] == "../shared/data/residency-vllm"
     capsys.readouterr()
@@ -526,7 +526,7 @@ def test_calibrate_page_trace_example_writes_entries(tmp_path, monkeypatch, caps
     command lines run here as written, on the committed 300-request excerpt of the 2 req/s
     run (tests/data/residency/) in place of both shared runs, with build/ in a scratch
     folder; the fit writes the three step constants as fitted h100 entries."""
-    from calibration.__main__ import main as calibrate
+    from jkernel.calibration.__main__ import main as calibrate
     from jkernel.documents.coefficients import load_coefficient_set
 
     lines = [line for line in _calibration_lines()
@@ -550,7 +550,8 @@ def test_calibrate_page_trace_example_writes_entries(tmp_path, monkeypatch, caps
 
 def test_calibrate_page_fitted_figures_are_the_catalogs():
     """The "fitted" rows of docs/calibrate.md's held-out table are the figures the shipped
-    step-trace entries record (their rationale, written by calibration.regenerate --steps):
+    step-trace entries record (their rationale, written by jkernel.calibration.regenerate
+    --steps):
     decode and prefill median |log ratio| and the decode slope against the measured one."""
     text = (DOCS / "calibrate.md").read_text()
     k = jkernel.open("qwen3-14b-h100-tp1")

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 
-PACKAGES = ["jkernel", "calibration"]
+PACKAGES = ["jkernel", "validation"]
 
 
 def _modules(package: str) -> dict[str, ast.Module]:

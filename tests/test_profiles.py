@@ -1,4 +1,5 @@
-"""Tests of calibration.profiles on the committed fixtures (tests/data, see its README)."""
+"""Tests of jkernel/calibration/data/profiles.py on the committed fixtures (tests/data, see
+its README)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from calibration import profiles as P  # noqa: E402
-from calibration.profiles import ProfileError  # noqa: E402
+from jkernel.calibration.data import profiles as P  # noqa: E402
+from jkernel.calibration.data.profiles import ProfileError  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 AIC = DATA / "aic"
@@ -292,8 +293,8 @@ def test_missing_pyarrow_names_the_extra(monkeypatch):
 
 
 def test_package_import_is_light():
-    code = ("import sys, calibration; "
-            "heavy = [m for m in ('numpy', 'jax', 'pyarrow', 'calibration.profiles') "
+    code = ("import sys, jkernel.calibration, jkernel.calibration.data; "
+            "heavy = [m for m in ('numpy', 'jax', 'pyarrow', 'jkernel.calibration.data.profiles') "
             "if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=Path(__file__).resolve().parents[1])

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jkernel.replay import validate as V
+from validation import replay as V
 from jkernel.replay.api import ReplayResult
 
 DATA = Path(__file__).resolve().parent / "data" / "residency-vllm"
@@ -79,7 +79,7 @@ def test_profile_only_constants_are_what_a_chip_has_without_a_step_trace():
     """`--constants profiles` prices with the step constants of a chip no step trace fitted:
     the calibration's starting point, and what a kernel on such a chip (h200) reads."""
     import jkernel
-    from calibration.stepfit import PROFILE_ONLY
+    from jkernel.calibration.fit.stepfit import PROFILE_ONLY
 
     assert V.PROFILE_ONLY == PROFILE_ONLY
     k = jkernel.open("llama-3.1-70b-instruct-h200-fp8-tp8")

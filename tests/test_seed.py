@@ -1,4 +1,4 @@
-"""The shipped catalog's data and the collective seed (calibration/seed.py).
+"""The shipped catalog's data and the collective seed (jkernel/calibration/seed.py).
 
 These tests read only the repository (never ``/work/shared``). They check:
 
@@ -298,7 +298,7 @@ def test_reference_values_kept_where_calibration_does_not_fit():
     """The memory magnitudes and the recurrent pairs are not refitted from the profiles: the
     spec's reference values (documents.md §8.7) stay in the shipped sets. The fitted GEMM,
     attention and collective values replace the reference ones, which calibration keeps as
-    its comparison baseline (calibration.fit.REFERENCE)."""
+    its comparison baseline (jkernel.calibration.fit.base.REFERENCE)."""
     h200 = Registry("h200", tp=8)
     assert h200.values["nccl_communicator_bytes_8rank"] == 411041792
     assert h200.values["nccl_communicator_bytes_2rank"] == 358612992
@@ -308,7 +308,7 @@ def test_reference_values_kept_where_calibration_does_not_fit():
     assert h200.values["activation_buffer_count_moe_8rank"] == 10
     assert h200.values["activation_scratch_floor_bytes"] > 10 * 1 * 7168 * 2
     assert Registry("h100").values["recurrent_decode_rate_kda"] == 0.235
-    from calibration.fit import REFERENCE
+    from jkernel.calibration.fit.base import REFERENCE
 
     assert REFERENCE["h200"]["gemm"]["fp8"] == (0.788, 94)
 
@@ -410,7 +410,7 @@ def test_deepseek_v3_vector_scenario_settings():
 
 def test_seed_fit_recovers_a_known_law():
     from jkernel.laws import collective_time
-    from calibration.seed import fit_collective
+    from jkernel.calibration.fit.collectives import fit_collective
 
     rng = np.random.default_rng(20240601)
     nbytes = 2.0 ** np.arange(8, 30.5, 0.5)          # 256 B .. 1 GiB, 45 points
@@ -430,7 +430,7 @@ def test_seed_fit_recovers_a_known_law():
 def test_seed_reads_elements_and_derives_chips(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="pyarrow is the optional extra jkernel[profiles]")
     import pyarrow.parquet as pq
-    from calibration.seed import build_entries, fit_chip, read_nccl_sweeps
+    from jkernel.calibration.seed import build_entries, fit_chip, read_nccl_sweeps
 
     from jkernel.laws import collective_time
 

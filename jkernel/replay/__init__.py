@@ -12,11 +12,12 @@ The replay sits above the kernel core: it reads the kernel's resolved settings a
 with ``step_time`` and the overhead methods, and the kernel knows nothing of it. Modules:
 :mod:`~jkernel.replay.workload` (request tables), :mod:`~jkernel.replay.scheduler` (one
 replica's vLLM v0.31.0 scheduler and KV blocks), :mod:`~jkernel.replay.sim` (the event loop),
-:mod:`~jkernel.replay.api` (the entry points), :mod:`~jkernel.replay.validate` (against the
-residency-vllm runs), :mod:`~jkernel.replay.clients` (closed-loop clients, sessions, the
-warm-up/cool-down window), :mod:`~jkernel.replay.spec` (workload specs),
-:mod:`~jkernel.replay.formats` (benchmark clients' result files) and
-:mod:`~jkernel.replay.metrics` (the clients' metric definitions).
+:mod:`~jkernel.replay.api` (the entry points), :mod:`~jkernel.replay.clients` (closed-loop
+clients, sessions, the warm-up/cool-down window), :mod:`~jkernel.replay.spec` (workload
+specs), :mod:`~jkernel.replay.formats` (benchmark clients' result files) and
+:mod:`~jkernel.replay.metrics` (the clients' metric definitions). The replay of the measured
+residency-vllm runs against the client's timings is a dataset study: ``validation/replay.py``
+at the repository root.
 """
 
 from .api import ReplayResult, format_summary, replay, replay_disaggregated, summarize

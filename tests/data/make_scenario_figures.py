@@ -16,8 +16,8 @@ rewrites ``expected_s`` alone, after checking that every other recorded figure i
 (expected.md refinements 6 and 7) while the edges stayed as recorded.
 
 The whole file was last rewritten when the step-trace constants of vLLM on H100
-(``compute_derate``, ``host_serial``, ``host_serial_per_request``; calibration.stepfit) were
-shipped: only the H100 scenarios' figures changed then, every other pool's were compared
+(``compute_derate``, ``host_serial``, ``host_serial_per_request``; calibration/fit/stepfit)
+were shipped: only the H100 scenarios' figures changed then, every other pool's were compared
 unchanged first.
 """
 

@@ -5,7 +5,7 @@
 * ``agg_2rps_head.csv``: the first 60 rows of ``sweep_rate/agg_2rps/patched/trace.csv``,
   unchanged (every column, the client trace format as the source writes it);
 * ``runs.csv``: per run, the measured client timings summarised the way the validation
-  compares them (``jkernel.replay.validate.measured_summary``), so that the replay notebook
+  compares them (``validation/replay.py``'s ``measured_summary``), so that the replay notebook
   can show the comparison on a clone without the shared data.
 """
 
@@ -18,7 +18,7 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from jkernel.replay.validate import RUNS, measured_summary  # noqa: E402
+from validation.replay import RUNS, measured_summary  # noqa: E402
 
 
 def main(src: str) -> None:

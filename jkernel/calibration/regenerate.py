@@ -2,19 +2,19 @@
 
 ::
 
-    python -m calibration.regenerate --data ../shared/data/aic-op-profiles
+    python -m jkernel.calibration.regenerate --data ../shared/data/aic-op-profiles
 
 1. **Fitted chips** (``h100``, ``h200``, ``b200``, ``b300``, ``l40s``, ``a100-sxm``): every
-   primitive is fitted with :func:`calibration.fit.fit_chip` (the same fit as
-   ``python -m calibration profiles``) and its entries (``method: fitted``, with data source,
-   sha256, rows, held-out error, standard error) replace, in the six standard sets of
-   ``catalog/coefficients/``, the entries of the same name for that chip. ``a100-sxm``'s entries
-   are scoped to its alias ``a100-80`` too, and its collectives are also written under
-   ``a100-80``'s names (``method: derived``, the same part). ``l40s`` has no NCCL table: its
-   collectives are kept.
+   primitive is fitted with :func:`jkernel.calibration.fit.chip.fit_chip` (the same fit as
+   ``python -m jkernel.calibration profiles``) and its entries (``method: fitted``, with data
+   source, sha256, rows, held-out error, standard error) replace, in the standard sets of
+   ``catalog/coefficients/`` (:data:`jkernel.catalog.COEFFICIENT_SETS`), the entries of the
+   same name for that chip. ``a100-sxm``'s entries are scoped to its alias ``a100-80`` too,
+   and its collectives are also written under ``a100-80``'s names (``method: derived``, the
+   same part). ``l40s`` has no NCCL table: its collectives are kept.
 2. **16-rank collectives** (no sweep is wider than 8): re-derived from the new 4- and 8-rank
-   fits by the seed's rule (:func:`calibration.seed.extrapolate_16`: the floor continues its
-   4→8 growth, both rates × 14/15), ``method: derived``.
+   fits by the seed's rule (:func:`jkernel.calibration.fit.collectives.extrapolate_16`: the
+   floor continues its 4→8 growth, both rates × 14/15), ``method: derived``.
 3. **Chips without profiles** (``method: derived``):
 
    | chip | source | rule |
@@ -25,16 +25,18 @@
    A transferred ε_max is capped at 0.999.
 
 The GEMM fit's per-call floor is reported; with ``--kernel-gap`` it is also written as
-``kernel_gap`` (``cost-model-host-overheads``, per chip), see :mod:`calibration.gemm`.
-Entries the fit does not produce (host overheads, memory magnitudes, recurrent laws, the host
-link, l40s collectives, ``kernel_gap`` / ``host_serial`` by default) are kept as they are. Replacement
-rule: an existing entry of the same name whose hardware scope names the chip loses the chip
-from its list (and is dropped when nothing is left); the new entry takes its place in file
-order; a name not present is appended. Each file's comment header is kept, with a note.
+``kernel_gap`` (``cost-model-host-overheads``, per chip), see
+:mod:`jkernel.calibration.fit.gemm`. Entries the fit does not produce (host overheads, memory
+magnitudes, recurrent laws, the host link, l40s collectives, ``kernel_gap`` / ``host_serial``
+by default) are kept as they are. Replacement rule: an existing entry of the same name whose
+hardware scope names the chip loses the chip from its list (and is dropped when nothing is
+left); the new entry takes its place in file order; a name not present is appended. Each
+file's comment header is kept, with a note.
 
 4. **Step-trace constants** (``--steps``, the residency-vllm data root): the two measured
-   vLLM runs on one H100 are imported (:mod:`calibration.residency`) and
-   :func:`calibration.stepfit.calibrate_steps` fits the engine-level constants
+   vLLM runs on one H100 (:data:`STEP_RUNS`) are imported
+   (:mod:`jkernel.calibration.data.residency`) and
+   :func:`jkernel.calibration.fit.stepfit.calibrate_steps` fits the engine-level constants
    (``host_serial``, ``host_serial_per_request`` → ``cost-model-host-overheads``,
    ``compute_derate`` → ``cost-model-primitives``), written for ``h100`` by the same
    replacement rule (``regenerate_steps``).
@@ -53,27 +55,35 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
                                             load_coefficient_set)
 from jkernel.params import si_scale
 
-from .fit import REFERENCE, ChipFit, FitSettings, chip_document, fit_chip
-from .report import (catalog_yaml, make_entry, profile_entries, profile_report, round_sig,
-                     save_plots, set_for)
+from jkernel.catalog import COEFFICIENT_SETS
 
-__all__ = ["CHIPS", "ALIASES", "DERIVED", "SETS", "STEP_RUNS", "merge_entries",
-           "derived_entries", "sixteen_rank_entries", "regenerate", "regenerate_steps",
+from .data.residency import import_residency
+from .fit.base import REFERENCE, chip_document
+from .fit.chip import ChipFit, FitSettings, fit_chip
+from .fit.collectives import Fit, extrapolate_16
+from .fit.stepfit import StepCalibration, calibrate_steps
+from .report.coefficients import (catalog_yaml, make_entry, profile_entries, round_sig,
+                                  set_for, step_entries)
+from .report.markdown import profile_report
+from .report.plots import save_plots
+
+__all__ = ["CHIPS", "ALIASES", "DERIVED", "STEP_RUNS", "merge_entries",
+           "derived_entries", "sixteen_rank_entries", "regenerate", "calibrate_step_runs",
+           "regenerate_steps",
            "check_scenarios", "main"]
 
 CHIPS = ("h100", "h200", "b200", "b300", "l40s", "a100-sxm")
 ALIASES = {"a100-sxm": ("a100-80",)}
 DERIVED = {"gb200-nvl72": "b200", "gb300": "b300"}
-SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-memory",
-        "cost-model-attention", "cost-model-recurrent", "cost-model-host-overheads")
 _NOTE = ("# Calibrated entries (method fitted / derived) were regenerated by "
-         "`python -m calibration.regenerate`\n# (see calibration/regenerate.py for the rules).\n")
+         "`python -m jkernel.calibration.regenerate`\n# (see jkernel/calibration/regenerate.py for "
+         "the rules).\n")
 
 
 # --------------------------------------------------------------------------------------
@@ -182,8 +192,8 @@ def derived_entries(target: str, source: str, source_values: dict[str, float], *
                 how = f"{source}'s fit (same GPU die)"
             if name.startswith("gemm_eps_max_"):
                 value = min(value, 0.999)
-        rationale = (f"Derived by calibration/regenerate.py: {target} has no per-operator "
-                     f"profiles; its GPU is {source}'s die. Value = {how}.")
+        rationale = (f"Derived by jkernel/calibration/regenerate.py: {target} has no "
+                     f"per-operator profiles; its GPU is {source}'s die. Value = {how}.")
         out.append(make_entry(new_name, value, hardware=(target,),
                               cite=f"jkernel calibration fit of {source} ({source_fit_note})",
                               sha256="", rows=0, heldout=None, se_si=None, ci_si=None,
@@ -202,7 +212,6 @@ def _show(name: str, si: float) -> str:
 
 def sixteen_rank_entries(values: dict[str, float], chip: str) -> list[Entry]:
     """16-rank collective entries by the seed's rule from 4- and 8-rank SI values."""
-    from .seed import Fit, extrapolate_16
     key = chip.replace("-", "_")
     out = []
     ops = sorted({n.split("collective_floor_")[1].split("_fp16_")[0] for n in values
@@ -219,9 +228,9 @@ def sixteen_rank_entries(values: dict[str, float], chip: str) -> list[Entry]:
             continue
         f16 = extrapolate_16(f4, f8)
         growth = max(f8.floor_s / f4.floor_s, 1.0)
-        why = (f"Derived by calibration/regenerate.py with the seed's rule: no sweep is wider "
-               f"than 8 ranks; the floor continues the fitted 4→8 growth (×{growth:.3f}) and "
-               "both rates are the 8-rank fit × 14/15 (NCCL's ring bus-bandwidth correction). "
+        why = (f"Derived by jkernel/calibration/regenerate.py with the seed's rule: no sweep "
+               f"is wider than 8 ranks; the floor continues the fitted 4→8 growth "
+               f"(×{growth:.3f}) and both rates are the 8-rank fit × 14/15 (NCCL's ring bus-bandwidth correction). "
                "A group this wide usually spans nodes; the kernel prices that crossing with its "
                "span multiplier, so this law describes the NVLink part only.")
         for part, v in (("floor", f16.floor_s), ("peak_rate", f16.peak_per_s),
@@ -305,14 +314,14 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
     say = progress or (lambda m: None)
     root = Path(catalog) if catalog is not None else catalog_root()
     coeff_dir = root / "coefficients"
-    new: dict[str, list[Entry]] = {s: [] for s in SETS}
+    new: dict[str, list[Entry]] = {s: [] for s in COEFFICIENT_SETS}
     fits: dict[str, ChipFit] = {}
     t0 = time.perf_counter()
     for chip in chips:
         cf = fit_chip(data_dir, chip, settings=settings, catalog=root, progress=say)
         fits[chip] = cf
         hw = (chip,) + ALIASES.get(chip, ())
-        cmd = f"python -m calibration.regenerate --data {_shown(data_dir)}"
+        cmd = f"python -m jkernel.calibration.regenerate --data {_shown(data_dir)}"
         for e in profile_entries(cf, hardware=hw, command=cmd):
             if e.name.startswith("collective_"):
                 # the chip is part of a collective's name: the alias gets renamed copies
@@ -327,8 +336,8 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
                                      source_fit_note=f"{cf.profile_dir} NCCL sweep"):
                 src_name = _rekey(e.name, alias, chip)
                 new["cost-model-collectives"].append(replace(e, rationale=(
-                    f"Derived by calibration/regenerate.py: {alias} is an alias of {chip} (the "
-                    f"same part); value = {chip}'s fitted {src_name}.")))
+                    f"Derived by jkernel/calibration/regenerate.py: {alias} is an alias of "
+                    f"{chip} (the same part); value = {chip}'s fitted {src_name}.")))
             for e in sixteen_rank_entries({_rekey(n, chip, alias): v for n, v in coll.items()},
                                           alias):
                 new["cost-model-collectives"].append(e)
@@ -350,7 +359,7 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
         for e in ents:
             new[set_for(e.name)].append(e)
     written = {}
-    for s in SETS:
+    for s in COEFFICIENT_SETS:
         if not new[s]:
             continue
         path = coeff_dir / f"{s}.yaml"
@@ -370,28 +379,34 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
 STEP_RUNS = ("sweep_rate/agg_2rps", "sweep_tenants/1T_agg_2rps")
 
 
+def calibrate_step_runs(residency_root: str | Path, runs: Sequence[str] = STEP_RUNS, *,
+                        progress: Callable[[str], None] | None = None) -> StepCalibration:
+    """The step-constant fit of stage 4 (module docstring): ``runs`` (folders under
+    ``residency_root``) imported, the first fitted on its first 70 % in time, the others held
+    out entirely (:func:`jkernel.calibration.fit.stepfit.calibrate_steps`)."""
+    say = progress or (lambda m: None)
+    data = Path(residency_root)
+    traces = []
+    for rel in runs:
+        rec = import_residency(data / rel)
+        say(f"{rel}: {rec.summary()}")
+        traces.append((rel, rec.trace))
+    return calibrate_steps(traces[0][1], traces[1:], progress=say)
+
+
 def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None = None,
                      hardware: tuple[str, ...] = ("h100",),
                      progress: Callable[[str], None] | None = None) -> dict:
     """Stage 4 of the module docstring. Returns ``{"calibration", "written", "checks",
     "failed"}``."""
     from jkernel.catalog import catalog_root
-    from .report import set_for, step_entries
-    from .residency import import_residency
-    from .stepfit import calibrate_steps
 
     say = progress or (lambda m: None)
     root = Path(catalog) if catalog is not None else catalog_root()
-    data = Path(residency_root)
-    runs = []
-    for rel in STEP_RUNS:
-        rec = import_residency(data / rel)
-        say(f"{rel}: {rec.summary()}")
-        runs.append((rel, rec.trace))
-    cal = calibrate_steps(runs[0][1], runs[1:], progress=say)
+    cal = calibrate_step_runs(residency_root, progress=say)
     cite = (f"inference-sim/residency-vllm @ 2641b576: {STEP_RUNS[0]} (fitted) and "
             f"{STEP_RUNS[1]} (held out), vLLM 0.23.0, Qwen3-14B bf16, one H100 80GB")
-    cmd = f"python -m calibration.regenerate --steps {residency_root}"
+    cmd = f"python -m jkernel.calibration.regenerate --steps {residency_root}"
     new: dict[str, list[Entry]] = {}
     for e in step_entries(cal, hardware=hardware, cite=cite, command=cmd):
         new.setdefault(set_for(e.name), []).append(e)
@@ -408,7 +423,7 @@ def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None =
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibration.regenerate",
+    ap = argparse.ArgumentParser(prog="python -m jkernel.calibration.regenerate",
                                  description="Regenerate the catalog's calibrated coefficients.")
     ap.add_argument("--data", help="the aic-op-profiles directory (the profile stages)")
     ap.add_argument("--steps", help="the residency-vllm data root (the step-trace stage)")

@@ -1,15 +1,17 @@
 """Replay the measured residency-vllm runs and compare with the client's timings.
 
-    python -m jkernel.replay.validate ../shared/data/residency-vllm [--scenario NAME]
+    python -m validation.replay ../shared/data/residency-vllm [--scenario NAME]
         [--constants shipped|profiles|both] [--markdown]
 
 prints, per run, the measured and predicted mean and p90 of TTFT, ITL and E2E and the error
 of each (predicted / measured − 1). ``--constants profiles`` prices with the step constants a
-chip has before any step-trace fit (:data:`PROFILE_ONLY`) instead of the shipped ones, and
-``both`` runs the two; ``--markdown`` prints the errors as the Markdown table of
-``docs/simulator.md`` (which ``docs/generate.py`` fills from it). The source (inference-sim/residency-vllm @ 2641b576) is
-five runs of vLLM 0.23.0 serving Qwen3-14B on one H100 at 2, 2, 4, 6 and 8 requests/s,
-1,024-token prompts and exactly 128 output tokens, streamed.
+chip has before any step-trace fit (``jkernel.calibration.fit.stepfit.PROFILE_ONLY``)
+instead of the shipped ones, and ``both`` runs the two; ``--markdown`` prints the errors as
+the Markdown table of ``docs/simulator.md`` (which ``docs/generate.py`` fills from it). The
+source (inference-sim/residency-vllm @ 2641b576) is five runs of vLLM 0.23.0 serving
+Qwen3-14B on one H100 at 2, 2, 4, 6 and 8 requests/s, 1,024-token prompts and exactly 128
+output tokens, streamed. A dataset study, not part of the installed library: run it from the
+repository root (``python -m validation.replay`` or ``python validation/replay.py``).
 
 Like is compared with like, from the client's side:
 
@@ -35,7 +37,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["RUNS", "LABELS", "PROFILE_ONLY", "measured_summary", "predicted_summary",
+from jkernel.calibration.data.residency import DEFAULT_DEPLOYMENT
+from jkernel.calibration.fit.stepfit import PROFILE_ONLY
+
+__all__ = ["RUNS", "LABELS", "SCENARIO", "measured_summary", "predicted_summary",
            "validate_run", "validate", "format_table", "markdown_table", "main"]
 
 #: (name, folder under the residency-vllm root), in the order the issue lists them.
@@ -51,15 +56,9 @@ RUNS = (
 LABELS = {"2rps": "2 req/s", "2rps-1T": "2 req/s, 1 tenant", "4rps": "4 req/s",
           "6rps": "6 req/s", "8rps": "8 req/s"}
 
-#: The step constants a chip has before a step-trace fit: what ``jkernel.resolve`` assumes
-#: when the registry holds no fitted value (no unhidden host time, the profiles' compute
-#: rate), the same as ``calibration.stepfit.PROFILE_ONLY`` (tests/test_replay_validate.py
-#: checks both). ``--constants profiles`` prices the runs with these.
-PROFILE_ONLY = {"host_serial": 0.0, "host_serial_per_request": 0.0, "compute_derate": 1.0,
-                "kernel_gap": 0.0}
-
 METRICS = ("ttft_mean", "ttft_p90", "itl_mean", "itl_p90", "e2e_mean", "e2e_p90")
-SCENARIO = "qwen3-14b-h100-tp1"
+#: The catalog scenario of the runs (the residency reader's default deployment).
+SCENARIO = DEFAULT_DEPLOYMENT
 
 
 def measured_summary(trace: pd.DataFrame, summary_json: dict | None = None) -> dict:
@@ -105,7 +104,7 @@ def predicted_summary(result) -> dict:
 
 def _kernel(scenario: str, constants: str = "shipped"):
     """The scenario's kernel at its shipped constants, or (``"profiles"``) with the step
-    constants of :data:`PROFILE_ONLY`."""
+    constants a chip has before a step-trace fit (``PROFILE_ONLY``)."""
     import jkernel
 
     if constants not in ("shipped", "profiles"):
@@ -120,8 +119,7 @@ def _kernel(scenario: str, constants: str = "shipped"):
 def validate_run(kernel, folder: Path, *, limit: int | None = None,
                  progress: bool = False) -> dict:
     """Replay one run folder; returns ``{"measured": {...}, "predicted": {...}, "result"}``."""
-    from .api import replay
-    from .workload import load_requests
+    from jkernel.replay import load_requests, replay
 
     trace = pd.read_csv(folder / "trace.csv")
     summary_path = folder / "summary.json"
@@ -141,7 +139,7 @@ def validate(root: str | Path, *, scenario: str = SCENARIO, runs=None,
              limit: int | None = None, progress: bool = False,
              constants: str = "shipped") -> pd.DataFrame:
     """One row per run: measured, predicted and error of each metric in :data:`METRICS`.
-    ``constants``: ``"shipped"`` (the catalog's) or ``"profiles"`` (:data:`PROFILE_ONLY`);
+    ``constants``: ``"shipped"`` (the catalog's) or ``"profiles"`` (``PROFILE_ONLY``);
     the table's ``attrs`` record it, the scenario, and the kernel's admission overhead of the
     replayed requests' mean prompt (``admission_overhead_s``)."""
     root = Path(root)
@@ -232,7 +230,7 @@ def markdown_table(*tables: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jkernel.replay.validate",
+    p = argparse.ArgumentParser(prog="python -m validation.replay",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("root", nargs="?", default="../shared/data/residency-vllm",
                    help="the residency-vllm folder (default ../shared/data/residency-vllm)")

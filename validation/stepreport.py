@@ -1,14 +1,17 @@
 """The step-trace fit's figures as docs/calibrate.md shows them, without writing the catalog.
 
-    python -m calibration.stepreport ../shared/data/residency-vllm [--markdown]
+    python -m validation.stepreport ../shared/data/residency-vllm [--markdown]
 
 imports the two residency-vllm runs the shipped H100 step constants come from
-(:data:`calibration.regenerate.STEP_RUNS`: the 2 req/s run, fitted on its first 70 % in time,
-and the one-tenant 2 req/s run, held out entirely), runs :func:`calibration.stepfit.
-calibrate_steps` on them exactly as ``python -m calibration.regenerate --steps`` does, and
-prints the residuals of the profile-only constants, the R² that names the candidates not
-fitted, and the held-out errors before (profile-only step constants) and after the fit. ``--markdown`` prints them as the Markdown region of
-docs/calibrate.md that ``docs/generate.py`` fills. Nothing is written. About 30 s.
+(``jkernel.calibration.regenerate.STEP_RUNS``: the 2 req/s run, fitted on its first 70 % in
+time, and the one-tenant 2 req/s run, held out entirely), runs
+``jkernel.calibration.fit.stepfit.calibrate_steps`` on them exactly as
+``python -m jkernel.calibration.regenerate --steps`` does, and prints the residuals of the
+profile-only constants, the R² that names the candidates not fitted, and the held-out errors
+before (profile-only step constants) and after the fit. ``--markdown`` prints them as the
+Markdown region of docs/calibrate.md that ``docs/generate.py`` fills. Nothing is written.
+About 30 s. A dataset study, not part of the installed library: run it from the repository
+root (``python -m validation.stepreport`` or ``python validation/stepreport.py``).
 """
 
 from __future__ import annotations
@@ -17,21 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["calibrate_runs", "markdown", "main"]
+from jkernel.calibration.regenerate import STEP_RUNS, calibrate_step_runs
 
-
-def calibrate_runs(root: str | Path, runs=None, *, progress=None):
-    """:class:`~calibration.stepfit.StepCalibration` of ``runs`` (folders under ``root``;
-    default :data:`calibration.regenerate.STEP_RUNS`): the first is fitted, the others are
-    held out, as ``regenerate --steps`` does."""
-    from .regenerate import STEP_RUNS
-    from .residency import import_residency
-    from .stepfit import calibrate_steps
-
-    root = Path(root)
-    runs = tuple(runs or STEP_RUNS)
-    traces = [(rel, import_residency(root / rel).trace) for rel in runs]
-    return calibrate_steps(traces[0][1], traces[1:], progress=progress)
+__all__ = ["markdown", "main"]
 
 
 def _label(part: str, index: int) -> str:
@@ -75,13 +66,13 @@ def markdown(cal) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m calibration.stepreport",
+    p = argparse.ArgumentParser(prog="python -m validation.stepreport",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("root", nargs="?", default="../shared/data/residency-vllm",
                    help="the residency-vllm folder (default ../shared/data/residency-vllm)")
     p.add_argument("--runs", nargs="*", default=None,
                    help="run folders under ROOT, the fitted one first (default: "
-                        "calibration.regenerate.STEP_RUNS)")
+                        "jkernel.calibration.regenerate.STEP_RUNS)")
     p.add_argument("--markdown", action="store_true", help="print docs/calibrate.md's region")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -89,7 +80,7 @@ def main(argv=None) -> int:
         print(f"{a.root}: no such folder (the residency-vllm data)", file=sys.stderr)
         return 2
     say = None if a.quiet or a.markdown else (lambda m: print(m, file=sys.stderr, flush=True))
-    cal = calibrate_runs(a.root, a.runs, progress=say)
+    cal = calibrate_step_runs(a.root, tuple(a.runs or STEP_RUNS), progress=say)
     if a.markdown:
         print(markdown(cal))
     else:

@@ -71,7 +71,8 @@ def fit_decode_attention(obs, chip_doc, *, chip: str, heldout: float = 0.2, seed
                          steps: int = 1500, lr: float = 0.05,
                          delta: float = 0.05) -> PrimitiveFit:
     """Fit the decode floor/rate pairs (part-wide and, where the table has windowed rows,
-    ``_swa``) of one chip from :class:`~calibration.profiles.DecodeAttentionObservations`."""
+    ``_swa``) of one chip from
+    :class:`~jkernel.calibration.data.profiles.DecodeAttentionObservations`."""
     t0 = time.perf_counter()
     kinds = ("",) + (("swa",) if np.any(obs.window > 0) else ())
     notes = []
@@ -184,7 +185,8 @@ def fit_prefill_attention(obs, chip_doc, ramp: dict, *, chip: str, heldout: floa
                           seed: int = 0, steps: int = 1500, lr: float = 0.05,
                           delta: float = 0.05) -> PrimitiveFit:
     """Fit ``attention_prefill_floor`` and ``attention_prefill_work_scale`` of one chip on the
-    unwindowed rows of :class:`~calibration.profiles.PrefillAttentionObservations`.
+    unwindowed rows of
+    :class:`~jkernel.calibration.data.profiles.PrefillAttentionObservations`.
 
     ``ramp``: the bf16 ramp the chip ships, ``{"eps_max": ..., "m_half": ...}``.
     """

@@ -13,7 +13,7 @@ previous rule), which is also reported as a comparison curve on the same rows. T
 ``int8`` rows are not fitted: ``collective_*_int8_*`` is never read (documents.md §8.6).
 
 **Unidentified peak.** When no measured message is large enough to be bound by the peak
-rate, the data has no curvature along it (:mod:`calibration.uncertainty` flags it). The
+rate, the data has no curvature along it (:mod:`~jkernel.calibration.fit.uncertainty` flags it). The
 value written is then ``max(r_t, best measured throughput)``, which binds nowhere in the
 data and so changes no prediction (the seed's rule), with ``identifiable: false``.
 
@@ -189,7 +189,7 @@ def _select_rows(nccl, custom, allreduce: str):
         return base
     if allreduce != "vllm":
         raise ValueError("allreduce must be 'nccl' or 'vllm'")
-    from .profiles import CollectiveObservations
+    from ..data.profiles import CollectiveObservations
     graph = custom.select((custom.variant == "graph")
                           & (custom.message_bytes < CUSTOM_AR_MAX_BYTES))
     keep = ~((base.op == "all_reduce") & (base.message_bytes < CUSTOM_AR_MAX_BYTES))

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence, TypeV
 
 import numpy as np
 
-from .base import CATALOG_NAMES, PROFILE_DIRS, held_out, row_hash  # noqa: F401  (re-exported)
+from .heldout import held_out, row_hash
 
 __all__ = [
     "ProfileError",
@@ -71,9 +71,19 @@ __all__ = [
     "load_vidur_network",
     "load_chip",
     "file_sha256",
+    "PROFILE_DIRS",
+    "CATALOG_NAMES",
+    "profile_folder",
 ]
 
 PathLike = str | os.PathLike
+
+#: Catalog chip name → AIConfigurator profile folder, where the two differ by more than the
+#: rules of :func:`profile_folder` (the one table of chip folders in the package).
+PROFILE_DIRS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
+                "b300": "b300_sxm", "l40s": "l40s", "a100-sxm": "a100_sxm"}
+#: Profile folder → catalog chip name.
+CATALOG_NAMES = {v: k for k, v in PROFILE_DIRS.items()}
 
 #: Milliseconds → seconds. Both sources report milliseconds per call.
 MS = 1e-3
@@ -289,7 +299,8 @@ class Observations:
     def held_mask(self, fraction: float = 0.2, seed: int = 0,
                   by: Sequence[str] | None = None) -> np.ndarray:
         """The held-out rows of :meth:`split` as a boolean mask, shape ``(len(self),)``:
-        :func:`calibration.base.held_out` on :meth:`shape_hash` (``seed``, ``by``)."""
+        :func:`~jkernel.calibration.data.heldout.held_out` on :meth:`shape_hash` (``seed``,
+        ``by``)."""
         return held_out(fraction, key_hash=self.shape_hash(seed, by))
 
     def split(self: _O, fraction: float = 0.2, seed: int = 0,
@@ -297,10 +308,11 @@ class Observations:
         """Deterministic ``(fit, held_out)`` split; ``fraction`` is the held-out share.
 
         A row is held out when a hash of ``seed`` and its shape columns (or the ``by``
-        columns), mapped to [0, 1), is below ``fraction`` (:func:`calibration.base.held_out`).
-        Rows with the same shape therefore always fall on the same side, and the assignment
-        of a shape does not depend on which other rows are in the set (so it survives
-        :meth:`select` and :meth:`concat`).
+        columns), mapped to [0, 1), is below ``fraction``
+        (:func:`~jkernel.calibration.data.heldout.held_out`). Rows with the same shape
+        therefore always fall on the same side, and the assignment of a shape does not
+        depend on which other rows are in the set (so it survives :meth:`select` and
+        :meth:`concat`).
         """
         held = self.held_mask(fraction, seed, by)
         return self.select(~held), self.select(held)

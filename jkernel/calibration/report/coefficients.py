@@ -1,9 +1,8 @@
-"""Outputs of a calibration: coefficient-set entries and YAML, Markdown reports, plots.
+"""Coefficient-set writing: the entries a calibration writes, in the catalog's format.
 
-**Coefficient entries.** Every written value becomes an entry of the catalog's format
-(documents.md §8, read by :mod:`jkernel.documents.coefficients`), in registry units
-(:func:`jkernel.params.si_scale`), ``method: fitted``, ``fitted: true``, scoped by
-hardware, with:
+Every written value becomes an entry of the catalog's format (documents.md §8, read by
+:mod:`jkernel.documents.coefficients`), in registry units (:func:`jkernel.params.si_scale`),
+``method: fitted``, ``fitted: true``, scoped by hardware, with:
 
 * ``sources``: the data file(s) (path relative to the data directory; kind ``vendor_doc``
   for NVIDIA's profile tables, ``model`` for a trace fit or a derivation);
@@ -11,17 +10,13 @@ hardware, with:
 * ``rows``: the rows (or steps) of the fit and held-out parts together;
 * ``heldout_error``: ``{metric: abs_log_ratio, median, p90, rows}`` of the slice the entry
   describes (its dtype, kind, or collective key);
-* ``standard_error`` and ``ci95`` (Gauss–Newton, :mod:`calibration.uncertainty`) when the
-  data identifies the value, else ``identifiable: false`` and no standard error;
+* ``standard_error`` and ``ci95`` (Gauss–Newton, :mod:`jkernel.calibration.fit.uncertainty`)
+  when the data identifies the value, else ``identifiable: false`` and no standard error;
 * a ``rationale`` naming the law, the fit and the command that reproduces it.
 
-Values are rounded to 6 significant digits.
-
-**Reports.** :func:`profile_report` and :func:`trace_report` render Markdown: the data,
-the law of each primitive, the fitted values with their uncertainty, the error tables
-(fit and held-out, median and p90 of ``|log(predicted / measured)|``) beside the
-comparison curves, the notes of each fit and, when matplotlib is installed, PNG plots of
-measured against predicted times (written next to the report).
+Values are rounded to 6 significant digits. :data:`SET_OF` says which of the standard sets
+(:data:`jkernel.catalog.COEFFICIENT_SETS`) a name is written to; :func:`catalog_yaml` is the
+one YAML writer of the package.
 """
 
 from __future__ import annotations
@@ -36,13 +31,15 @@ from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
                                             coefficient_set_to_dict)
 from jkernel.params import si_scale
 
-from .fit import ChipFit, PrimitiveFit
+from ..fit.chip import ChipFit
+from ..fit.stepfit import STEP_CONSTANTS
 
-__all__ = ["SET_OF", "set_for", "units_for", "round_sig", "make_entry", "profile_entries",
-           "trace_entries", "step_entries", "catalog_yaml", "CatalogDumper", "coefficient_set", "write_coefficient_set", "profile_report",
-           "trace_report", "save_plots"]
+__all__ = ["SET_OF", "LAWS", "set_for", "units_for", "round_sig", "make_entry",
+           "profile_entries", "trace_entries", "step_entries", "catalog_yaml", "CatalogDumper",
+           "coefficient_set", "write_coefficient_set"]
 
-#: Which of the six standard sets a coefficient belongs to, by name prefix.
+#: Which of the standard sets (:data:`jkernel.catalog.COEFFICIENT_SETS`) a coefficient is
+#: written to, by name prefix.
 SET_OF = (("collective_", "cost-model-collectives"), ("attention_", "cost-model-attention"),
           ("recurrent_", "cost-model-recurrent"), ("host_", "cost-model-host-overheads"),
           ("kernel_gap", "cost-model-host-overheads"),
@@ -147,8 +144,8 @@ def profile_entries(chip_fit: ChipFit, *, hardware: Sequence[str] | None = None,
                     command: str | None = None) -> list[Entry]:
     """The entries of a chip's profile fit, in primitive order."""
     hw = tuple(hardware or (chip_fit.chip,))
-    cmd = command or (f"python -m calibration profiles --chip {chip_fit.chip} --data "
-                      f"<aic-op-profiles>")
+    cmd = command or (f"python -m jkernel.calibration profiles --chip {chip_fit.chip} "
+                      "--data <aic-op-profiles>")
     out = []
     for f in chip_fit.fits:
         for name, value in f.written.items():
@@ -158,7 +155,7 @@ def profile_entries(chip_fit: ChipFit, *, hardware: Sequence[str] | None = None,
             heldout = row.held.to_dict() if row is not None and row.held.rows else None
             cite = f"NVIDIA AIConfigurator per-operator profiles: {f.source}"
             rationale = (f"Fitted by jkernel calibration ({f.primitive}, {cmd}): the law of "
-                         f"{_LAW.get(f.primitive, f.primitive)}, robust soft-L1 loss on "
+                         f"{LAWS.get(f.primitive, f.primitive)}, robust soft-L1 loss on "
                          f"log(predicted/measured), Adam in log/logit space, "
                          f"{f.rows_fit} fit rows and {f.rows_held} held-out rows split by "
                          "shape.")
@@ -175,7 +172,8 @@ def profile_entries(chip_fit: ChipFit, *, hardware: Sequence[str] | None = None,
     return out
 
 
-_LAW = {
+#: The law of each primitive, as the entries' rationales and the reports name it.
+LAWS = {
     "gemm": "a GEMM kernel in expected_s's per-kernel form, max(2mnk/(P·ε(m,n,k)), "
             "(weights + m(n+k)·2)/(B·hbm_derate)) + kernel_gap (a per-call floor, written only "
             "on request)",
@@ -194,7 +192,8 @@ _UNIDENTIFIED = {
 
 def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None = None,
                   command: str | None = None) -> list[Entry]:
-    """Entries of a step-trace fit (:class:`calibration.traces.TraceFit`): the identifiable
+    """Entries of a step-trace fit (:class:`jkernel.calibration.fit.traces.TraceFit`): the
+    identifiable
     fitted names only (the others stay at their catalog values)."""
     out = []
     held = [e for e in fit.errors if e[0] == "held-out" and e[1] == "fitted"]
@@ -204,7 +203,7 @@ def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None =
         lap = fit.laplace
         if not lap.identifiable[name]:
             continue
-        cmd = command or "python -m calibration traces"
+        cmd = command or "python -m jkernel.calibration traces"
         rationale = (f"Fitted by jkernel calibration from a step trace ({cmd}): jax.grad of "
                      f"{fit.target} over "
                      f"{fit.steps_fit} steps with log-normal priors at the catalog values "
@@ -222,10 +221,9 @@ def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None =
 
 
 def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str) -> list[Entry]:
-    """Catalog entries of a :class:`calibration.stepfit.StepCalibration`: the fitted
+    """Catalog entries of a :class:`jkernel.calibration.fit.stepfit.StepCalibration`: the fitted
     engine-level constants with their data, fit, standard error and the held-out errors
     before and after (``cite``: the measured runs; ``command``: how to reproduce)."""
-    from .stepfit import STEP_CONSTANTS
     fit = cal.fit
     held = [e for e in fit.errors if e[0] == "held-out" and e[1] == "fitted"]
     heldout = held[0][2].to_dict() if held else None
@@ -277,162 +275,3 @@ def write_coefficient_set(path: str | Path, name: str, entries: Iterable[Entry],
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text, encoding="utf-8")
     return p
-
-
-# --------------------------------------------------------------------------------------
-# Markdown
-# --------------------------------------------------------------------------------------
-
-def _fmt(x: float | None, name: str = "") -> str:
-    if x is None:
-        return "—"
-    if name:
-        x = x / si_scale(name)
-    if x == 0:
-        return "0"
-    a = abs(x)
-    if a >= 1e5 or a < 1e-3:
-        return f"{x:.4g}"
-    return f"{x:.5g}"
-
-
-def _error_table(f: PrimitiveFit) -> list[str]:
-    lines = ["| slice | curve | fit median | fit p90 | held-out median | held-out p90 | rows "
-             "(fit / held) |", "|---|---|---:|---:|---:|---:|---:|"]
-    for r in f.errors:
-        lines.append(f"| {r.slice} | {r.variant} | {_e(r.fit.median)} | {_e(r.fit.p90)} | "
-                     f"{_e(r.held.median)} | {_e(r.held.p90)} | {r.fit.rows} / {r.held.rows} |")
-    return lines
-
-
-def _e(x: float) -> str:
-    return "—" if x is None or not math.isfinite(x) else f"{x:.4f}"
-
-
-def _values_table(f: PrimitiveFit) -> list[str]:
-    lines = ["| name | value | units | standard error | 95 % interval | identifiable | "
-             "written |", "|---|---:|---|---:|---|---|---|"]
-    lap = f.laplace
-    for p in f.params:
-        v = f.written.get(p.name, f.values[p.name])
-        ok = lap.identifiable.get(p.name, True) if lap is not None else True
-        se = lap.se_value.get(p.name) if lap is not None else None
-        ci = lap.ci95.get(p.name) if lap is not None else None
-        scale_name = p.name if p.written or p.name == "kernel_gap" else (
-            "kernel_gap" if "floor" in p.name else "")
-        ci_s = (f"[{_fmt(ci[0], scale_name)}, {_fmt(ci[1], scale_name)}]" if ci else "—")
-        units = units_for(p.name) if p.written or p.name == "kernel_gap" else (
-            "µs" if "floor" in p.name else "")
-        lines.append(f"| `{p.name}` | {_fmt(v, scale_name)} | {units} | "
-                     f"{_fmt(se, scale_name)} | {ci_s} | "
-                     f"{'yes' if ok else 'no (' + lap.reason[p.name] + ')'} | "
-                     f"{'yes' if p.written else 'no (nuisance)'} |")
-    return lines
-
-
-def save_plots(fits: Sequence[PrimitiveFit], folder: str | Path, stem: str) -> dict[str, list[str]]:
-    """PNG plots of every fit's :class:`~calibration.fit.PlotSeries` (primitive → file
-    names); empty when matplotlib is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return {}
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out: dict[str, list[str]] = {}
-    for f in fits:
-        for i, ps in enumerate(f.plots):
-            fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-            ax.plot(ps.x, ps.measured * 1e6, "o", ms=4, color="black", label="measured")
-            for label, pred in ps.predicted.items():
-                ax.plot(ps.x, pred * 1e6, "-", lw=1.5, label=label)
-            if ps.logx:
-                ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel(ps.xlabel)
-            ax.set_ylabel("time (µs)")
-            ax.set_title(ps.title, fontsize=9)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-            fig.tight_layout()
-            name = f"{stem}-{f.primitive}-{i}.png"
-            fig.savefig(folder / name)
-            plt.close(fig)
-            out.setdefault(f.primitive, []).append(name)
-    return out
-
-
-def profile_report(chip_fit: ChipFit, *, plots: Mapping[str, list[str]] | None = None,
-                   plots_prefix: str = "", command: str = "") -> str:
-    """Markdown report of a chip's profile fit."""
-    cf = chip_fit
-    L = [f"# Calibration of `{cf.chip}` from per-operator profiles", ""]
-    if command:
-        L += [f"Command: `{command}`", ""]
-    L += [f"Data: `{cf.data_dir}/{cf.profile_dir}` (NVIDIA AIConfigurator, Apache-2.0). "
-          f"Total fit time {cf.seconds:.1f} s.", "",
-          "Errors are the median and the 90th percentile of |log(predicted / measured)| "
-          "(0.10 ≈ a 10 % miss) on the fit rows and on held-out rows (20 % of the shapes, "
-          "split by a hash of each row's shape, never seen by the fit). Standard errors are "
-          "Gauss–Newton (Laplace) estimates given the law; with residuals dominated by the "
-          "law's structural misfit they measure how well the data pins a value, not its "
-          "predictive accuracy, which the held-out error states.", ""]
-    for note in cf.notes:
-        L.append(f"* {note}")
-    if cf.notes:
-        L.append("")
-    if cf.unloaded:
-        L += [f"Tables present but not read by any fit: {', '.join(f'`{u}`' for u in cf.unloaded)}.",
-              ""]
-    for f in cf.fits:
-        L += [f"## {f.primitive.replace('_', ' ')}", "",
-              f"Law: {_LAW.get(f.primitive, f.primitive)}.", "",
-              f"Source: `{f.source}` (sha256 `{f.sha256[:16]}…`), {f.rows_fit} fit rows, "
-              f"{f.rows_held} held-out rows" + (f", rows skipped on load: {f.skipped}"
-                                               if f.skipped else "")
-              + f"; {f.seconds:.1f} s.", ""]
-        L += _values_table(f) + [""]
-        L += _error_table(f) + [""]
-        for note in f.notes:
-            L.append(f"* {note}")
-        if f.notes:
-            L.append("")
-        for name in (plots or {}).get(f.primitive, []):
-            L += [f"![{f.primitive}]({plots_prefix}{name})", ""]
-    return "\n".join(L) + "\n"
-
-
-def trace_report(fit, *, command: str = "") -> str:
-    """Markdown report of a step-trace fit (:class:`calibration.traces.TraceFit`)."""
-    L = ["# Step-trace calibration", ""]
-    if command:
-        L += [f"Command: `{command}`", ""]
-    dep = fit.deployment if isinstance(fit.deployment, str) and "\n" not in fit.deployment \
-        else "(inline bundle)"
-    L += [f"Deployment: `{dep}`. Trace: `{fit.trace_file or '(in memory)'}`"
-          + (f" (sha256 `{fit.trace_sha256[:16]}…`)" if fit.trace_sha256 else "") + ". "
-          f"Target: `{fit.target}`. {fit.steps_fit} fit steps, {fit.steps_held} held-out "
-          f"steps; residual scale σ = {fit.sigma:.4f} (log); {fit.seconds:.1f} s.", ""]
-    if fit.skipped:
-        L += [f"Steps skipped while reading: {fit.skipped}.", ""]
-    L += ["| name | catalog | fitted | standard error | 95 % interval | identifiable |",
-          "|---|---:|---:|---:|---|---|"]
-    lap = fit.laplace
-    for n in fit.names:
-        ci = lap.ci95[n]
-        ok = lap.identifiable[n]
-        L.append(f"| `{n}` | {_fmt(fit.catalog[n], n)} | "
-                 f"{_fmt(fit.values[n], n) if ok else _fmt(fit.raw[n], n) + ' (not kept)'} | "
-                 f"{_fmt(lap.se_value[n], n)} | "
-                 f"{'[' + _fmt(ci[0], n) + ', ' + _fmt(ci[1], n) + ']' if ci else '—'} | "
-                 f"{'yes' if ok else 'no (' + lap.reason[n] + ')'} |")
-    L += ["", "Values in registry units (µs, bytes/µs, dimensionless).", "",
-          "| steps | curve | median | p90 | rows |", "|---|---|---:|---:|---:|"]
-    for part, curve, st in fit.errors:
-        L.append(f"| {part} | {curve} | {_e(st.median)} | {_e(st.p90)} | {st.rows} |")
-    L.append("")
-    for note in fit.notes:
-        L.append(f"* {note}")
-    return "\n".join(L) + "\n"

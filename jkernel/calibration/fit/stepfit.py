@@ -1,4 +1,4 @@
-"""Calibrating the engine-level constants of a step from measured steps (issue 11's fit).
+"""Calibrating the engine-level constants of a step from measured steps.
 
 Per-operator profiles time kernels one at a time; a whole step also pays what happens
 between and around them. :func:`calibrate_steps` finds which constants a measured step trace
@@ -18,13 +18,13 @@ fixes and fits them, in four named stages:
    from them by this trace. Among such a set the fit keeps the constant that transfers
    across models (a per-step host time rather than a per-kernel gap, the profiles' HBM and
    attention rates rather than a trace's) and names the others as not identified.
-3. **Fit** (:func:`calibration.traces.fit_trace`): the chosen constants through
+3. **Fit** (:func:`~jkernel.calibration.fit.traces.fit_trace`): the chosen constants through
    ``jax.grad`` of ``expected_s``, log-normal priors around the catalog values (a constant
-   whose catalog value is 0 starts at :data:`calibration.traces.ZERO_SCALES`), soft-L1 loss,
-   Gauss–Newton standard errors; steps after an idle engine (``idle_before``) left out;
-   split by time (the last ``heldout`` fraction held out).
-4. **Errors** (:mod:`calibration.validate`): per step kind and batch size on the held-out
-   part and on whole other runs, before and after, and the decode slope.
+   whose catalog value is 0 starts at :data:`~jkernel.calibration.fit.traces.ZERO_SCALES`),
+   soft-L1 loss, Gauss–Newton standard errors; steps after an idle engine (``idle_before``)
+   left out; split by time (the last ``heldout`` fraction held out).
+4. **Errors** (:mod:`~jkernel.calibration.fit.steperrors`): per step kind and batch size on
+   the held-out part and on whole other runs, before and after, and the decode slope.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .traces import StepTrace, TraceFit, fit_trace
-from .validate import predict, step_errors, step_kinds, summary
+from ..data.traces import StepTrace
+from .steperrors import step_errors, step_kinds, summary
+from .traces import TraceFit, fit_trace, log_price, price_steps, zero_scale
 
-__all__ = ["STEP_CONSTANTS", "PROFILE_ONLY", "CANDIDATES", "residual_terms", "jacobian", "explained",
-           "StepCalibration", "calibrate_steps"]
+__all__ = ["STEP_CONSTANTS", "PROFILE_ONLY", "CANDIDATES", "COLLINEAR", "residual_terms",
+           "jacobian", "explained", "StepCalibration", "calibrate_steps"]
 
 #: The constants a vLLM step trace fixes (what the profiles cannot see), with their meaning.
 STEP_CONSTANTS = {
@@ -51,8 +52,12 @@ STEP_CONSTANTS = {
     "compute_derate": "compute rate sustained in the engine relative to the isolated "
                       "kernels of the profiles (clocks under a whole model's load), in (0, 1]",
 }
-#: The values the step constants have without a step trace (what the profiles leave):
-#: :func:`calibrate_steps` starts from these, so a refit does not start from its own result.
+#: The values the step constants have without a step trace (what the profiles leave; what
+#: ``jkernel.resolve`` assumes when the registry holds no fitted value, which
+#: tests/test_replay_validate.py checks): :func:`calibrate_steps` starts from these, so a
+#: refit does not start from its own result, and the serving validation
+#: (``validation/replay.py``) prices with them as its "profiles only" case. The one home of
+#: these values in calibration.
 PROFILE_ONLY = {"host_serial": 0.0, "host_serial_per_request": 0.0, "compute_derate": 1.0,
                 "kernel_gap": 0.0}
 #: Candidates examined (stage 2) besides the chosen ones, and why each is not fitted when
@@ -75,7 +80,7 @@ COLLINEAR = 0.98
 def residual_terms(kernel, params, trace: StepTrace, pred: np.ndarray | None = None) -> dict:
     """Stage 1: per step kind, the least-squares ``(a s, b s/request, c s/prefill token)`` of
     measured − predicted seconds (usable steps; ``c`` only for prefill steps)."""
-    p = predict(kernel, params, trace) if pred is None else pred
+    p = price_steps(kernel, params, trace) if pred is None else pred
     kind, size, usable = step_kinds(trace)
     pre_tok = np.array([float(np.sum(np.where(s > t, s, 0)))
                         for s, t in zip(trace.scheduled, trace.decode_threshold)])
@@ -102,22 +107,17 @@ def _subsample(n: int, at_most: int) -> np.ndarray:
 def jacobian(kernel, trace: StepTrace, names: Sequence[str], *, params=None,
              at_most: int = 3000) -> np.ndarray:
     """``∂ log expected_s / ∂ log v`` for each of ``names`` (columns) over an evenly spaced
-    subsample of the usable steps (rows); a constant at 0 is evaluated at its
-    :data:`~calibration.traces.ZERO_SCALES` value."""
-    from .traces import ZERO_SCALES, _DEFAULT_ZERO_SCALE
+    subsample of the usable steps (rows), through the one log-price program
+    (:func:`~jkernel.calibration.fit.traces.log_price`); a constant at 0 is evaluated at its
+    :data:`~jkernel.calibration.fit.traces.ZERO_SCALES` value."""
     _, _, usable = step_kinds(trace)
     tr = trace.select(np.nonzero(usable)[0][_subsample(int(usable.sum()), at_most)])
     base = kernel.params if params is None else params
-    v0 = np.array([float(base[n]) if float(base[n]) > 0
-                   else ZERO_SCALES.get(n, _DEFAULT_ZERO_SCALE) for n in names])
+    v0 = np.array([float(base[n]) if float(base[n]) > 0 else zero_scale(n) for n in names])
     stacks = [a for _, a in tr.stacked(kernel.buckets)]
-    many = jax.vmap(kernel.step_fn, in_axes=(None, 0))
-
-    def logp(theta):
-        p = base.replace(**{n: jnp.exp(theta[i]) for i, n in enumerate(names)})
-        return jnp.concatenate([jnp.log(many(p, a).expected_s) for a in stacks])
-
-    return np.asarray(jax.jacfwd(logp)(jnp.log(jnp.asarray(v0))))
+    price = log_price(kernel.step_fn, "expected_s", tuple(names))
+    return np.asarray(jax.jacfwd(lambda theta: price(theta, base, stacks))(
+        jnp.log(jnp.asarray(v0))))
 
 
 def _r2(y: np.ndarray, X: np.ndarray) -> float:
@@ -148,9 +148,10 @@ def explained(kernel, trace: StepTrace, chosen: Sequence[str], candidates: Seque
 @dataclass
 class StepCalibration:
     """Result of :func:`calibrate_steps`: the residual terms and the R² of stage 2 before
-    the fit, the :class:`~calibration.traces.TraceFit`, and the acceptance figures (summaries
-    from :func:`calibration.validate.summary`) and per-kind/batch tables, before and after,
-    for the held-out part of the fitted run and for every other run."""
+    the fit, the :class:`~jkernel.calibration.fit.traces.TraceFit`, and the acceptance
+    figures (summaries from :func:`jkernel.calibration.fit.steperrors.summary`) and
+    per-kind/batch tables, before and after, for the held-out part of the fitted run and
+    for every other run."""
 
     residuals: dict
     r2: dict
@@ -199,7 +200,7 @@ def calibrate_steps(trace: StepTrace, held: Sequence[tuple[str, StepTrace]] = ()
         + ", ".join(f"{n} {v:.4f}" for n, v in r2.items()))
     tf = fit_trace(trace, fit, kernel=k, heldout=heldout, split="time", steps=steps,
                    exclude_flags=("idle_before",), progress=say)
-    # the held-out part is the fit's own split (calibration.base.held_out), never recomputed
+    # the held-out part is the fit's own split (data.heldout.held_out), never recomputed
     parts = [(f"last {heldout:.0%} of the fitted run", trace.select(tf.held)), *held]
     sums, tabs = [], []
     for label, tr in parts:

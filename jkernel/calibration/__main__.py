@@ -2,25 +2,27 @@
 
 ::
 
-    python -m calibration profiles --chip h100 --data ../shared/data/aic-op-profiles \\
-        --out build/calibrated-h100.yaml
-    python -m calibration traces --scenario llama-3.1-8b-h100-tp1 --traces steps.jsonl \\
-        --fit hbm_derate,host_serial --out build/trace-fit.yaml
-    python -m calibration import residency ../shared/data/residency-vllm/sweep_rate/agg_2rps \\
-        --out build/steps.jsonl
-    python -m calibration traces --traces build/steps.jsonl --split time --heldout 0.3 \\
-        --fit host_serial,host_serial_per_request,compute_derate --exclude-flags idle_before \\
-        --held-trace build/steps-1T.jsonl --out build/vllm-h100.yaml
-    python -m calibration import splitwise --in ../shared/data/splitwise/data/perf_model.csv \\
+    python -m jkernel.calibration profiles --chip h100 \\
+        --data ../shared/data/aic-op-profiles --out build/calibrated-h100.yaml
+    python -m jkernel.calibration traces --scenario llama-3.1-8b-h100-tp1 \\
+        --traces steps.jsonl --fit hbm_derate,host_serial --out build/trace-fit.yaml
+    python -m jkernel.calibration import residency \\
+        ../shared/data/residency-vllm/sweep_rate/agg_2rps --out build/steps.jsonl
+    python -m jkernel.calibration traces --traces build/steps.jsonl --split time \\
+        --heldout 0.3 --fit host_serial,host_serial_per_request,compute_derate \\
+        --exclude-flags idle_before --held-trace build/steps-1T.jsonl --out build/vllm-h100.yaml
+    python -m jkernel.calibration import splitwise \\
+        --in ../shared/data/splitwise/data/perf_model.csv \\
         --out build/splitwise-h100-tp4.jsonl --hardware h100-80gb --tp 4
 
 ``profiles`` fits every primitive of one chip and writes one coefficient set (all entries
 ``method: fitted``, scoped to the chip) plus a Markdown report (``--report``, default the
 output path with ``.md``) and its PNG plots when matplotlib is installed. ``traces`` fits the
-named parameters against a step trace (``calibration.traces`` documents the format) and writes
-the identifiable ones. ``import`` converts Splitwise's table, aggregate forward-pass rows
-(CSV), streamed token timestamps (JSON) or a streamed serving run's ``trace.csv`` +
-``trace.itl.csv`` (``residency``, :mod:`calibration.residency`) into a step trace. Progress goes to stderr.
+named parameters against a step trace (:mod:`jkernel.calibration.data.traces` documents the
+format) and writes the identifiable ones. ``import`` converts Splitwise's table, aggregate
+forward-pass rows (CSV), streamed token timestamps (JSON) or a streamed serving run's
+``trace.csv`` + ``trace.itl.csv`` (``residency``, :mod:`jkernel.calibration.data.residency`)
+into a step trace. Progress goes to stderr.
 Exit status: 0 on success, 2 on bad input (a clear message naming the file).
 """
 
@@ -50,8 +52,10 @@ def _report_paths(out: Path, report: str | None) -> Path:
 
 
 def cmd_profiles(a) -> int:
-    from .fit import FitSettings, fit_chip
-    from .report import profile_entries, profile_report, save_plots, write_coefficient_set
+    from .fit.chip import FitSettings, fit_chip
+    from .report.coefficients import profile_entries, write_coefficient_set
+    from .report.markdown import profile_report
+    from .report.plots import save_plots
 
     say = _progress(a.quiet)
     settings = FitSettings(heldout=a.heldout, seed=a.seed, steps=a.steps,
@@ -61,7 +65,7 @@ def cmd_profiles(a) -> int:
                            else FitSettings().primitives)
     cf = fit_chip(a.data, a.chip, settings=settings, progress=say)
     out = Path(a.out)
-    command = "python -m calibration " + " ".join(shlex.quote(x) for x in a.argv)
+    command = "python -m jkernel.calibration " + " ".join(shlex.quote(x) for x in a.argv)
     entries = profile_entries(cf, command=command)
     name = a.set_name or out.stem
     write_coefficient_set(out, name, entries, header=(
@@ -80,8 +84,10 @@ def cmd_profiles(a) -> int:
 
 
 def cmd_traces(a) -> int:
-    from .report import trace_entries, trace_report, write_coefficient_set
-    from .traces import read_trace, fit_trace, open_deployment
+    from .data.traces import open_deployment, read_trace
+    from .fit.traces import fit_trace
+    from .report.coefficients import trace_entries, write_coefficient_set
+    from .report.markdown import trace_report
 
     say = _progress(a.quiet)
     trace = read_trace(a.traces)
@@ -100,7 +106,7 @@ def cmd_traces(a) -> int:
                     split=a.split, progress=say)
     hardware = [a.hardware] if a.hardware else [kernel.inputs.scenario.cluster.hardware]
     model = [kernel.inputs.scenario.model] if a.scope_model else None
-    command = "python -m calibration " + " ".join(shlex.quote(x) for x in a.argv)
+    command = "python -m jkernel.calibration " + " ".join(shlex.quote(x) for x in a.argv)
     entries = trace_entries(fit, hardware=hardware, model=model, command=command)
     out = Path(a.out)
     name = a.set_name or out.stem
@@ -124,8 +130,8 @@ def cmd_traces(a) -> int:
 
 
 def cmd_import(a) -> int:
-    from . import importers
-    from .traces import write_trace
+    from .data import importers
+    from .data.traces import write_trace
 
     say = _progress(a.quiet)
     if a.kind == "residency":
@@ -152,8 +158,8 @@ def cmd_import(a) -> int:
 
 
 def _import_residency(a, say) -> int:
-    from .residency import DEFAULT_DEPLOYMENT, import_residency
-    from .traces import write_trace
+    from .data.residency import DEFAULT_DEPLOYMENT, import_residency
+    from .data.traces import write_trace
 
     path = a.path or a.input
     if path is None:
@@ -169,8 +175,8 @@ def _import_residency(a, say) -> int:
 
 def _held_reports(a, fit, say) -> None:
     """``traces --held-trace``: the fit's errors on other runs, entirely held out."""
-    from .traces import read_trace
-    from .validate import step_errors, summary
+    from .data.traces import read_trace
+    from .fit.steperrors import step_errors, summary
 
     tables = []
     k = fit.kernel
@@ -189,7 +195,7 @@ def _held_reports(a, fit, say) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m calibration",
+    ap = argparse.ArgumentParser(prog="python -m jkernel.calibration",
                                  description="Calibrate jkernel's constants from profiles "
                                              "and step traces.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -266,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     a.argv = argv
-    from .profiles import ProfileError
-    from .traces import TraceError
+    from .data.profiles import ProfileError
+    from .data.traces import TraceError
     try:
         return a.func(a)
     except (ProfileError, TraceError, FileNotFoundError, ValueError) as exc:

@@ -1,11 +1,13 @@
 """The whole-chip profile fit: every primitive of one chip, in dependency order.
 
-:func:`fit_chip` runs every primitive of one chip (``python -m calibration profiles``): the
-GEMM ramp and HBM derate (:mod:`calibration.gemm`), decode and prefill attention
-(:mod:`calibration.attention`), MoE routing imbalance (:mod:`calibration.moe`) and the
-collectives (:mod:`calibration.collectives`), in that order, since attention prefill and MoE
-are priced through the GEMM ramp the chip will ship. The shared machinery lives in
-:mod:`calibration.base` (re-exported here for existing callers).
+:func:`fit_chip` runs every primitive of one chip (``python -m jkernel.calibration
+profiles``): the GEMM ramp and HBM derate (:mod:`~jkernel.calibration.fit.gemm`), decode and
+prefill attention (:mod:`~jkernel.calibration.fit.attention`), MoE routing imbalance
+(:mod:`~jkernel.calibration.fit.moe`) and the collectives
+(:mod:`~jkernel.calibration.fit.collectives`), in that order, since attention prefill and
+MoE are priced through the GEMM ramp the chip will ship. The shared machinery lives in
+:mod:`jkernel.calibration.fit.base`; the tables come from
+:func:`jkernel.calibration.data.profiles.load_chip`.
 """
 
 from __future__ import annotations
@@ -15,19 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..data.profiles import CATALOG_NAMES, load_chip, profile_folder
 from . import attention, collectives, gemm, moe
-from .base import (CATALOG_NAMES, PROFILE_DIRS, REFERENCE, REFERENCE_HBM_DERATE,  # noqa: F401
-                   ErrorRow, ErrorStats, Param, PlotSeries, PrimitiveFit, Problem, Solution,
-                   adam_loop, chip_document, columns, error_stats, held_out, log_ratio,
-                   minimise, plot_series, row_hash, slices_table, soft_l1, solve, subsample)
-from .profiles import load_chip, profile_folder
+from .base import REFERENCE_HBM_DERATE, PrimitiveFit, chip_document, subsample
 
-__all__ = ["ChipFit", "FitSettings", "fit_chip",
-           # re-exported from calibration.base
-           "Param", "ErrorStats", "ErrorRow", "Problem", "Solution", "PrimitiveFit",
-           "REFERENCE", "PROFILE_DIRS", "CATALOG_NAMES", "soft_l1", "log_ratio", "error_stats",
-           "minimise", "solve", "row_hash", "held_out", "slices_table", "plot_series",
-           "chip_document", "subsample"]
+__all__ = ["ChipFit", "FitSettings", "fit_chip"]
 
 
 @dataclass
@@ -79,7 +73,7 @@ def fit_chip(data_dir: str | Path, chip: str, *, settings: FitSettings = FitSett
     AIConfigurator tables under ``data_dir`` (``<data_dir>/<profile dir>/...``).
 
     A primitive whose table is missing is skipped with a note; a table that fails to load
-    raises :class:`calibration.profiles.ProfileError` naming the file.
+    raises :class:`jkernel.calibration.data.profiles.ProfileError` naming the file.
     """
 
     say = progress or (lambda msg: None)

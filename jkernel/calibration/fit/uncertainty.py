@@ -1,10 +1,10 @@
 """Standard errors, identifiability and prediction bands of fitted parameters.
 
-Every fit in :mod:`calibration` minimises a loss over parameters ``θ`` that live in a
-transformed space (log, or logit for bounded quantities; see :class:`calibration.fit.Param`).
-Around the optimum the residuals ``r_i(θ) = log(predicted_i / measured_i)`` are linearised,
-``r(θ + δ) ≈ r(θ) + J δ``, which gives the Gauss–Newton (Laplace) approximation of the
-posterior::
+Every fit in :mod:`jkernel.calibration` minimises a loss over parameters ``θ`` that live in
+a transformed space (log, or logit for bounded quantities; see
+:class:`jkernel.calibration.fit.base.Param`). Around the optimum the residuals
+``r_i(θ) = log(predicted_i / measured_i)`` are linearised, ``r(θ + δ) ≈ r(θ) + J δ``, which
+gives the Gauss–Newton (Laplace) approximation of the posterior::
 
     H_data = Jᵀ J / σ²                         σ² = Σ r_i² / (n − p)   (residual scale)
     C      = (H_data + Λ)⁻¹                    Λ = prior precision (0 for profile fits)

@@ -1,7 +1,8 @@
 """Errors of a kernel's step price against a measured step trace, by step kind and batch size.
 
-:func:`step_errors` prices every step of a :class:`~calibration.traces.StepTrace` with given
-:class:`~jkernel.Params` and returns a table (pandas) of ``|log(pred/measured)|`` medians per
+:func:`step_errors` prices every step of a :class:`~jkernel.calibration.data.traces.StepTrace`
+with given :class:`~jkernel.Params` (:func:`jkernel.calibration.fit.traces.price_steps`, the
+one log-price program) and returns a table (pandas) of ``|log(pred/measured)|`` medians per
 step kind (``decode``: every request runs one token; ``prefill``: at least one request runs
 more) and per batch size (requests in the step), with the median signed log ratio (the bias).
 :func:`decode_slope` is the least-squares cost of one more running request in decode steps,
@@ -14,19 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .traces import StepTrace, _price_program
+from ..data.traces import StepTrace
+from .traces import price_steps
 
-__all__ = ["predict", "step_kinds", "step_errors", "decode_slope", "summary"]
-
-
-def predict(kernel, params, trace: StepTrace, target: str = "expected_s") -> np.ndarray:
-    """Priced seconds of every step, shape ``(len(trace),)``."""
-    price = _price_program(kernel.step_fn, target)
-    stacks = trace.stacked(kernel.buckets)
-    out = np.zeros(len(trace))
-    for (idx, _), lg in zip(stacks, price(params, [a for _, a in stacks])):
-        out[idx] = np.exp(np.asarray(lg))
-    return out
+__all__ = ["step_kinds", "step_errors", "decode_slope", "summary"]
 
 
 def step_kinds(trace: StepTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,7 +36,7 @@ def step_errors(kernel, params, trace: StepTrace, *, part: str = "",
     """A DataFrame with columns ``part, kind, batch, steps, median_abs_log, median_log``:
     one row per kind over all batch sizes (``batch = "all"``) and one per (kind, batch size)."""
     import pandas as pd
-    p = predict(kernel, params, trace, target) if pred is None else pred
+    p = price_steps(kernel, params, trace, target) if pred is None else pred
     lr = np.log(p / trace.duration_s)
     kind, size, usable = step_kinds(trace)
     rows = []
@@ -66,7 +58,7 @@ def decode_slope(kernel, params, trace: StepTrace, *, target: str = "expected_s"
                  pred: np.ndarray | None = None) -> tuple[float, float]:
     """``(measured, predicted)`` seconds per extra running request: the least-squares slope
     of decode steps' duration against their batch size."""
-    p = predict(kernel, params, trace, target) if pred is None else pred
+    p = price_steps(kernel, params, trace, target) if pred is None else pred
     kind, size, usable = step_kinds(trace)
     m = usable & (kind == "decode")
     if len(set(size[m].tolist())) < 2:
@@ -80,8 +72,8 @@ def decode_slope(kernel, params, trace: StepTrace, *, target: str = "expected_s"
 def summary(kernel, params, trace: StepTrace, *, part: str = "",
             target: str = "expected_s") -> dict:
     """``{decode, prefill: median |log ratio|, slope_measured_s, slope_predicted_s,
-    slope_ratio}`` of one trace (the issue-11 acceptance figures)."""
-    p = predict(kernel, params, trace, target)
+    slope_ratio}`` of one trace (the figures the step-constant fit is judged by)."""
+    p = price_steps(kernel, params, trace, target)
     t = step_errors(kernel, params, trace, part=part, pred=p)
     allrows = t[t.batch == "all"].set_index("kind")
     sm, sp = decode_slope(kernel, params, trace, pred=p)

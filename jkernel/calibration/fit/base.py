@@ -1,42 +1,35 @@
-"""The base of the calibration package: parameters, problems, the one optimiser loop, the
-losses, error statistics, the one held-out split (:func:`held_out`) and the deterministic
-subsample.
+"""What every fit shares: parameters, problems, the one optimiser loop, the losses, error
+statistics, the spec's reference values and the deterministic subsample.
 
 A fit is a :class:`Problem`: named parameters (:class:`Param`, each in log or logit space), a
 traceable ``predict(values, rows) -> seconds`` built from :mod:`jkernel.laws` (never a
 restated formula), and the observation rows split into a fit part and a held-out part by
-:func:`held_out`, the one rule every fit and report uses: profile rows by a stable hash of
-their shape (:meth:`calibration.profiles.Observations.split`, so one shape never lands on
-both sides), step traces by time (the last fraction held out, so a fit never sees the steps
-after those it learns from) or by a hash of the step's index. :func:`solve` minimises a
-robust loss of ``r = log(predicted / measured)`` over the fit rows with optax's Adam:
+the one held-out split, :func:`jkernel.calibration.data.heldout.held_out` (profile rows by a
+stable hash of their shape, step traces by time or by a hash of the step's index).
+:func:`solve` minimises a robust loss of ``r = log(predicted / measured)`` over the fit rows
+with optax's Adam:
 
 * loss: soft-L1 (pseudo-Huber) ``2δ²(sqrt(1 + (r/δ)²) − 1)`` with ``δ = 0.05`` by default,
   quadratic within ±5 % and linear beyond, so a handful of rows the law cannot describe
   (a tile-quantisation spike, an occupancy cliff) do not drag the fit;
 * optimiser: :func:`adam_loop`, Adam on a cosine-decayed learning rate inside one jitted
-  ``fori_loop`` (no Python per step, one compilation for runs of any length), ``vmap``-ped
-  over a few deterministic starting points; the start with the lowest final loss wins.
-  Everything is deterministic (no random numbers). The step-trace fit
-  (:mod:`calibration.traces`) runs the same loop.
+  ``fori_loop`` (no Python per step, one compilation for runs of any length), run from a
+  few deterministic starting points; the start with the lowest loss wins. Everything is
+  deterministic (no random numbers). The step-trace fit
+  (:mod:`jkernel.calibration.fit.traces`) runs the same loop.
 
 Every fit reports, on the fit and the held-out rows, the median and the 90th percentile of
 ``|log(predicted / measured)|`` (0.1 ≈ a 10 % miss), for the fitted curve and for the
 comparison curves (the spec's reference values, the reference's sum form), and the
-Gauss–Newton standard errors of :mod:`calibration.uncertainty`.
+Gauss–Newton standard errors of :mod:`jkernel.calibration.fit.uncertainty`.
 
-Layers of the package (each imports only those before it): ``uncertainty`` → ``base`` →
-``profiles`` → the primitives ``gemm``, ``attention``, ``moe``, ``collectives`` and the trace
-fit ``traces`` (with ``validate``, ``stepfit``) → the chip fit ``fit`` → ``importers``,
-``residency``, ``report``, ``seed``, ``regenerate``, ``__main__``. No module sets
-``jax.config`` at import; the entry functions (:func:`solve`, ``fit_chip``, ``fit_trace``)
-turn on float64 through :func:`jkernel.enable_x64`.
+No module of the package sets ``jax.config`` at import; the entry functions (:func:`solve`,
+``fit_chip``, ``fit_trace``) turn on float64 through :func:`jkernel.enable_x64`.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -48,31 +41,24 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..data.profiles import CATALOG_NAMES
 from .uncertainty import Laplace, gauss_newton
 
 __all__ = [
     "Param", "ErrorStats", "ErrorRow", "Problem", "Solution", "PrimitiveFit", "PlotSeries",
-    "REFERENCE", "REFERENCE_HBM_DERATE", "PROFILE_DIRS", "CATALOG_NAMES", "soft_l1",
-    "log_ratio", "error_stats", "adam_loop", "minimise", "solve", "row_hash", "held_out",
-    "slices_table", "plot_series", "chip_document", "subsample", "columns",
+    "REFERENCE", "REFERENCE_HBM_DERATE", "soft_l1", "log_ratio", "error_stats", "adam_loop",
+    "minimise", "solve", "slices_table", "plot_series", "chip_document", "subsample",
+    "columns",
 ]
 
 # --------------------------------------------------------------------------------------
 # Chips
 # --------------------------------------------------------------------------------------
 
-#: Catalog chip name → AIConfigurator profile folder, where the two differ by more than the
-#: rules of :func:`calibration.profiles.profile_folder` (the one table of chip folders in the
-#: package).
-PROFILE_DIRS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
-                "b300": "b300_sxm", "l40s": "l40s", "a100-sxm": "a100_sxm"}
-#: Profile folder → catalog chip name.
-CATALOG_NAMES = {v: k for k, v in PROFILE_DIRS.items()}
-
-
 def chip_document(chip: str, catalog: str | Path | None = None):
     """The catalog's chip document (:class:`jkernel.documents.hardware.Chip`) of ``chip``
-    (a catalog name like ``h100``; a profile folder name like ``h100_sxm`` is mapped)."""
+    (a catalog name like ``h100``; a profile folder name like ``h100_sxm`` is mapped by
+    :data:`jkernel.calibration.data.profiles.CATALOG_NAMES`)."""
     from jkernel.catalog import catalog_root
     from jkernel.documents.hardware import load_chip
 
@@ -82,79 +68,6 @@ def chip_document(chip: str, catalog: str | Path | None = None):
     if not path.is_file():
         raise FileNotFoundError(f"no chip document for {name!r} at {path}")
     return load_chip(path)
-
-
-# --------------------------------------------------------------------------------------
-# The held-out split
-# --------------------------------------------------------------------------------------
-
-_M64 = (1 << 64) - 1
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _column_codes(values: np.ndarray) -> np.ndarray:
-    """A stable uint64 code per value (independent of Python's hash seed)."""
-    v = np.asarray(values)
-    if v.dtype.kind == "b":
-        return v.astype(np.uint64)
-    if v.dtype.kind in "iu":
-        return np.ascontiguousarray(v.astype(np.int64)).view(np.uint64)
-    if v.dtype.kind == "f":
-        return np.ascontiguousarray(v.astype(np.float64) + 0.0).view(np.uint64)  # -0.0 → 0.0
-    uniq, inv = np.unique(v.astype(str), return_inverse=True)
-    codes = np.array(
-        [int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little")
-         for u in uniq], dtype=np.uint64)
-    return codes[inv].reshape(v.shape)
-
-
-def row_hash(seed: int, keys: Sequence[np.ndarray]) -> np.ndarray:
-    """A uint64 per row, shape ``(n,)``, that depends only on ``seed`` and the row's values
-    in the key columns ``keys`` (each shape ``(n,)``: integers, floats, booleans or strings),
-    stable across processes and platforms: SplitMix64 chained over the columns."""
-    if not len(keys):
-        raise ValueError("row_hash needs at least one key column")
-    n = len(keys[0])
-    h = _splitmix64(np.full(n, int(seed) & _M64, dtype=np.uint64))
-    for col in keys:
-        h = _splitmix64(h ^ _splitmix64(_column_codes(col)))
-    return h
-
-
-def held_out(fraction: float, *, key_hash: np.ndarray | None = None,
-             time_s: np.ndarray | None = None) -> np.ndarray:
-    """Which rows a fit never sees: a boolean mask, shape ``(n,)``, True = held out.
-
-    ``fraction`` in [0, 1] is the held-out share. Give exactly one of:
-
-    * ``key_hash`` (uint64, shape ``(n,)``, from :func:`row_hash`): a row is held out when
-      its hash mapped to [0, 1) is below ``fraction``. Rows with equal keys fall on the same
-      side, and a row's side does not depend on the other rows (so it survives selecting
-      and concatenating). The profile fits key on the row's shape; the step-trace fits'
-      ``"hash"`` split keys on the step's index.
-    * ``time_s`` (shape ``(n,)``, any increasing clock): the rows after the first
-      ``round((1 − fraction) · n)`` in time order (ties kept in row order) are held out, so
-      the fit learns from the past only. The step-trace fits' ``"time"`` split (what the shipped step constants use).
-    """
-    fraction = float(fraction)
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"the held-out fraction must lie in [0, 1], got {fraction}")
-    if (key_hash is None) == (time_s is None):
-        raise ValueError("held_out takes exactly one of key_hash= and time_s=")
-    if key_hash is not None:
-        u = (np.asarray(key_hash, np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        return u < fraction
-    t = np.asarray(time_s)
-    held = np.zeros(len(t), bool)
-    held[np.argsort(t, kind="stable")[int(round((1.0 - fraction) * len(t))):]] = True
-    return held
 
 
 #: The spec's reference values (documents.md §8.7), SI units, used as comparison curves and

@@ -109,7 +109,7 @@ def _rows(obs, chip_doc, dtypes) -> dict[str, np.ndarray]:
 def gemm_problem(fit_obs, held_obs, chip_doc, dtypes, *, form: str = "max", shaped: bool = True,
                  floor: bool = True, start: dict | None = None,
                  write_floor: bool = False) -> Problem:
-    """The GEMM fit as a :class:`~calibration.fit.Problem` (rows already split)."""
+    """The GEMM fit as a :class:`~jkernel.calibration.fit.base.Problem` (rows already split)."""
     starts = []
     if shaped:
         starts = [{f"gemm_{h}_half_{s}": x for s in dtypes for h in ("n", "k")}
@@ -135,9 +135,10 @@ def fit_gemm(obs, chip_doc, *, chip: str, dtypes=None, shape_aware: str = "auto"
              lr: float = 0.05, delta: float = 0.05) -> PrimitiveFit:
     """Fit the GEMM ramp(s) and the HBM derate of one chip (see the module docstring).
 
-    ``obs``: :class:`calibration.profiles.GemmObservations`. ``dtypes``: default every one of
-    :data:`GEMM_DTYPES` present in the table with a peak on the chip. ``kernel_gap``: write
-    the fitted per-call floor as ``kernel_gap`` (it is fitted either way).
+    ``obs``: :class:`jkernel.calibration.data.profiles.GemmObservations`. ``dtypes``:
+    default every one of :data:`GEMM_DTYPES` present in the table with a peak on the chip.
+    ``kernel_gap``: write the fitted per-call floor as ``kernel_gap`` (it is fitted either
+    way).
     """
     t0 = time.perf_counter()
     if shape_aware not in ("auto", "on", "off"):

@@ -52,27 +52,20 @@ class NumpyEstimate(NamedTuple):
     bottleneck: int
 
 
-def _div(num: float, den: float) -> float:
-    """D5: zero work costs zero; positive work over a non-positive rate is +inf."""
-    if num <= 0.0:
-        return 0.0
-    return num / den if den > 0.0 else INF
-
-
 def _factor(x: float, half: float) -> float:
     """x/(x + h) for a positive h and x, else 1 (step.md §2, shape-aware efficiency)."""
     return x / (x + half) if (half > 0.0 and x > 0.0) else 1.0
 
 
 class _Gemm(NamedTuple):
-    """A fused dense GEMM, per rank, everything that does not depend on the batch."""
+    """A fused dense GEMM, per rank, folded into what does not depend on the batch: its
+    compute time is ``x · coefficient`` with ``x = t / F(t, m½)`` (shape-aware; ``t / ramp(t)``
+    otherwise), its memory time ``weight + t · activations``."""
 
-    edge_flops: float      # the spec's per-token FLOPs on one rank: F / tp
-    edge_nk: float         # eps_max · F(k_spec) · F(n_spec): the spec's shape factors
-    exp_flops: float       # 2 · n_r · k_r: per-token FLOPs of vLLM's real shard
-    exp_nk: float          # eps_max · F(k_r) · F(n_r)
-    exp_act: float         # (n_r + k_r) · 2 bytes: activations in and out per token
-    exp_weight: float      # weight bytes of vLLM's shard
+    edge: float            # the spec's FLOPs F/tp over P · eps · F(k) · F(n), per token
+    exp: float             # vLLM's shard: 2 · n_r · k_r over P · eps · F(k_r) · F(n_r)
+    exp_weight: float      # weight bytes of vLLM's shard over B_hbm (refinement 1)
+    exp_act: float         # (n_r + k_r) · 2 activation bytes per token over B_hbm (2)
 
 
 class _Collective(NamedTuple):
@@ -110,9 +103,14 @@ class NumpyStep:
         n_half = p[plan.gemm_names[2]] if plan.shape_aware else 0.0
         k_half = p[plan.gemm_names[3]] if plan.shape_aware else 0.0
         self.sm_count = p["sm_count"]
+        if not (P > 0 and B > 0 and eps > 0):
+            raise Unsupported("the NumPy reference does not price a zero peak, bandwidth or "
+                              "GEMM efficiency (D5's infinities)")
         # §6.1 and expected.md refinements 1, 2: per fused GEMM
         gemms = []
         weight_hbm = 0.0
+        shaped = (lambda n, k: eps * _factor(k, k_half) * _factor(n, n_half)) \
+            if plan.shape_aware else (lambda n, k: 1.0)
         for g in kind.gemms:
             n_s, k_s = (g.n / tp, g.k) if g.shard_n else (g.n, g.k / tp)
             frac = g.vllm_rank_fraction
@@ -122,15 +120,13 @@ class NumpyStep:
                 n_r, k_r = g.n * frac, g.k
             else:
                 n_r, k_r = n_s, k_s
-            gemms.append(_Gemm(
-                edge_flops=g.flops_per_token / tp,
-                edge_nk=eps * _factor(k_s, k_half) * _factor(n_s, n_half),
-                exp_flops=2.0 * n_r * k_r,
-                exp_nk=eps * _factor(k_r, k_half) * _factor(n_r, n_half),
-                exp_act=(n_r + k_r) * 2.0, exp_weight=g.weight_bytes * frac))
+            gemms.append(_Gemm(edge=g.flops_per_token / tp / (P * shaped(n_s, k_s)),
+                               exp=2.0 * n_r * k_r / (P * shaped(n_r, k_r)),
+                               exp_weight=g.weight_bytes * frac / B,
+                               exp_act=(n_r + k_r) * 2.0 / B))
             weight_hbm += g.weight_bytes / tp / B
         self.gemms = tuple(gemms)
-        self.flops_edge_total = sum(g.edge_flops for g in gemms)
+        self.edge_gemm = sum(g.edge for g in gemms)
         # the weights stream once per layer, whatever the batch (§6.1)
         self.weight_hbm = weight_hbm
         # §6.7: norms and elementwise bytes per token of the layer, on HBM
@@ -144,7 +140,10 @@ class NumpyStep:
                 self.f_dec, self.r_dec = p[floor], p[rate]
         self.f_p = p["attention_prefill_floor"]
         self.w_p = p["attention_prefill_work_scale"]
-        self.attn_scale = att.n_q * att.d_h / tp          # causal FLOPs → attention FLOPs
+        # causal pairs → seconds at unit efficiency, with and without the work scale
+        self.attn_scaled = att.n_q * att.d_h / tp / (P * self.w_p) if self.w_p > 0 else 0.0
+        self.attn_plain = att.n_q * att.d_h / tp / P
+        self.read_per_token = self.bpt / self.r_dec if self.r_dec > 0 else 0.0
         # FlashAttention's single varlen launch for a mixed batch (not on Blackwell, no DCP)
         self.single_launch = not plan.blackwell
         # §6.8: the graph's collectives of one layer, bytes = tokens · H · 2
@@ -160,7 +159,7 @@ class NumpyStep:
         self.collectives = tuple(colls)
         self.coll_bytes_per_token = plan.hidden_size * 2.0
         # §7 LM head
-        self.head_flops = plan.head_flops_per_token / tp
+        self.head_compute = plan.head_flops_per_token / tp / P      # per token at ε = 1
         self.head_hbm = plan.head_weight_bytes / tp / B
         # §8 host
         self.decode_mode, self.other_mode = plan.decode_mode, plan.other_mode
@@ -209,104 +208,93 @@ class NumpyStep:
         a request with ``scheduled = 0`` is padding, D32)."""
         s = np.asarray(scheduled)
         c = np.asarray(computed)
-        if s.size and not s.all():                     # D32: drop the zero-padding rows
+        n_live = int(np.count_nonzero(s))
+        if n_live < s.size:                            # D32: drop the zero-padding rows
             live = s > 0
             s, c = s[live], c[live]
-        n_live = s.size
-        thr = decode_threshold
         # §4, the walk, as vectorised sums: token counts, the decodes' contexts, the
         # prefills' causal pairs and (expected_s) their largest work per row
         if n_live:
             tokens = int(s.sum())
             context = int(c.sum())
-            pre = s > thr
+            pre = s > decode_threshold
             n_pre = int(np.count_nonzero(pre))
-            nonuniform = n_live - int(np.count_nonzero(s == self.uniform_width))
+            uniform = n_live == int(np.count_nonzero(s == self.uniform_width))
         else:
-            tokens = context = n_pre = nonuniform = 0
+            tokens = context = n_pre = 0
+            uniform = False
         if n_pre:
             sp, cp = s[pre].astype(np.float64), c[pre].astype(np.float64)
-            pre_tokens = float(sp.sum())
-            pre_context = float(cp.sum())
+            pre_kv = float(sp.sum()) + float(cp.sum())
             causal = float((4.0 * (sp * cp + sp * sp / 2.0)).sum())
             row_max = float((4.0 * cp + 2.0 * sp).max())
         else:
-            pre_tokens = pre_context = causal = row_max = 0.0
+            pre_kv = causal = row_max = 0.0
         live_kv = float(tokens + context)                      # every live request's read
-        dec_kv = live_kv - pre_tokens - pre_context            # the decodes' contexts
-        n_dec = n_live - n_pre
+        dec_kv = live_kv - pre_kv                              # the decodes' contexts
         t_real = float(tokens)
-        t_pad = float(max(pad_tokens, 0))
+        t_pad = float(pad_tokens) if pad_tokens > 0 else 0.0
         t_gemm = t_real + t_pad
 
         # §8: the graph mode and the host per step
-        mode = self.decode_mode if (n_live == 0 or nonuniform == 0) else self.other_mode
-        if tokens + t_pad > self.ceiling:
+        mode = self.decode_mode if (n_live == 0 or uniform) else self.other_mode
+        if t_gemm > self.ceiling:
             mode = EAGER
         host_step = self.host_mode[mode]
-        if tokens <= 0 and t_pad <= 0:                         # §4.1: the empty step
+        if t_gemm <= 0:                                        # §4.1: the empty step
             per = dict.fromkeys(RESOURCES, 0.0)
             per["host"] = host_step
-            return NumpyEstimate(host_step, host_step, max(0.0, host_step), per, 4)
+            return NumpyEstimate(host_step, host_step, host_step, per, 4)
 
-        derate = (self.sm_count / sm_budget if 0 < sm_budget < self.sm_count else 1.0)
-        eps, m_half, P, B = self.eps, self.m_half, self.P, self.B
-        r_g = self._ramp(t_gemm)
-        r_a = self._ramp(t_real)
+        derate = self.sm_count / sm_budget if 0 < sm_budget < self.sm_count else 1.0
+        m_half = self.m_half
+        # x: tokens over the token factor of the efficiency (F(t, m½) shape-aware, else the
+        # ramp); a GEMM's compute time is x times its coefficient
+        fm = t_gemm / (t_gemm + m_half) if m_half > 0 else 1.0
+        x = t_gemm / fm if self.shape_aware else t_gemm / (self.eps * fm)
 
         # §6.1 dense GEMMs; expected: max(compute, memory) per GEMM at vLLM's sharding
-        sm = exp = 0.0
-        if self.shape_aware:
-            fm = _factor(t_gemm, m_half) if t_gemm > 0 and eps > 0 else 0.0
-        else:
-            # without shape factors the spec prices the summed FLOPs at the token ramp
-            sm = _div(t_gemm * self.flops_edge_total, P * r_g)
-        for g in self.gemms:
-            if self.shape_aware:
-                e, ee = g.edge_nk * fm, g.exp_nk * fm
-                sm += _div(t_gemm * g.edge_flops, P * e) if e > 0 else 0.0
-            else:
-                ee = r_g
-            compute = _div(t_gemm * g.exp_flops, P * ee) if ee > 0 else 0.0
-            memory = _div(g.exp_weight + t_gemm * g.exp_act, B)
-            exp += max(compute * derate, memory)
-        sm *= derate
+        sm = x * self.edge_gemm * derate
         hbm = self.weight_hbm
+        exp = 0.0
+        for g in self.gemms:
+            compute = x * g.exp * derate
+            memory = g.exp_weight + t_gemm * g.exp_act
+            exp += compute if compute > memory else memory
 
         # §6.3 attention: the decodes' read (edges) / every live request's (expected)
-        has_pre, has_dec = n_pre > 0, n_dec > 0
-        f_dec, r_dec, f_p, w_p = self.f_dec, self.r_dec, self.f_p, self.w_p
-        scaled = w_p > 0
-        drop_dec_floor = (self.single_launch and has_pre and r_dec > 0 and scaled
-                          and f_dec <= f_p)
-        drop_pre_floor = (self.single_launch and has_pre and r_dec > 0 and scaled
-                          and f_dec > f_p)
-
-        def read(T: float, reads: bool) -> float:
-            if not reads:
-                return 0.0
-            if r_dec > 0:
-                t = f_dec + _div(T * self.bpt, r_dec)
-                return t - f_dec if drop_dec_floor else t
-            return T * self.bpt / B                            # §6.6: the KV fallback
-
-        hbm += read(dec_kv, has_dec)
-        exp += read(live_kv, n_live > 0)
+        has_pre = n_pre > 0
+        has_dec = n_live > n_pre
+        f_dec, f_p = self.f_dec, self.f_p
+        mixed_launch = self.single_launch and has_pre and self.r_dec > 0 and self.w_p > 0
+        drop_dec_floor = mixed_launch and f_dec <= f_p
+        if self.r_dec > 0:
+            if has_dec:
+                t = f_dec + dec_kv * self.read_per_token
+                hbm += t - f_dec if drop_dec_floor else t
+            if n_live:
+                t = f_dec + live_kv * self.read_per_token
+                exp += t - f_dec if drop_dec_floor else t
+        else:                                                  # §6.6: the KV fallback
+            hbm += dec_kv * self.bpt / self.B if has_dec else 0.0
+            exp += live_kv * self.bpt / self.B
 
         # §6.3 prefill attention over causal pairs; expected at the prefill's own rows
-        def prefill(eff: float, drop: bool) -> float:
-            if not has_pre:
-                return 0.0
-            work = causal * self.attn_scale
-            if scaled:
-                t = f_p + _div(work, P * eff * w_p) * derate
-            else:
-                t = _div(work, P * eff) * derate
-            return t - f_p if (drop and drop_pre_floor) else t
-
-        sm += prefill(r_a, has_dec)
-        rows = causal / row_max if row_max > 0 else 0.0
-        exp += prefill(self._ramp(rows), n_live > 0)
+        if has_pre:
+            drop_pre_floor = mixed_launch and f_dec > f_p
+            rows = causal / row_max if row_max > 0 else 0.0
+            for eff, some, edge in ((self._ramp(t_real), has_dec, True),
+                                    (self._ramp(rows), n_live > 0, False)):
+                if self.w_p > 0:
+                    t = f_p + causal * self.attn_scaled / eff * derate
+                else:
+                    t = causal * self.attn_plain / eff * derate
+                if drop_pre_floor and some:
+                    t -= f_p
+                if edge:
+                    sm += t
+                else:
+                    exp += t
 
         # §6.7 elementwise
         elem = t_gemm * self.elementwise_per_token
@@ -318,9 +306,7 @@ class NumpyStep:
         nbytes = t_gemm * self.coll_bytes_per_token
         for k in self.collectives:
             b = nbytes * k.span
-            if b <= 0:
-                t = k.floor
-            elif k.peak <= 0:
+            if k.peak <= 0:
                 t = INF
             elif k.transition <= 0:
                 t = max(k.floor, b / k.peak)
@@ -332,14 +318,14 @@ class NumpyStep:
                 nvl += t
             exp += k.launches * t
 
-        # §6.11 over the layers, §7 the LM head
+        # §6.11 over the layers, §7 the LM head (expected: the sampled tokens only)
         L = self.layers
         stage = L * max(sm, hbm, nvl, nic)
         if t_real > 0:
-            head_sm = _div(t_real * self.head_flops, P * r_a) * derate
+            head_sm = t_real * self.head_compute / self._ramp(t_real) * derate
             head_hbm = self.head_hbm
             sampled = min(t_real, float(n_live * self.uniform_width))
-            head_exp = max(_div(sampled * self.head_flops, P * self._ramp(sampled)) * derate,
+            head_exp = max(sampled * self.head_compute / self._ramp(sampled) * derate,
                            head_hbm)
         else:
             head_sm = head_hbm = head_exp = 0.0
@@ -358,7 +344,7 @@ class NumpyStep:
         expected = max(gpu, host_exp) + self.serial + self.serial_per_request * n_live
         totals = (SM, HBM, NVL, NIC, host)
         best = 0
-        for i in range(1, 5):
+        for i in (1, 2, 3, 4):
             if totals[i] > totals[best]:
                 best = i
         return NumpyEstimate(overlap, no_overlap, expected, dict(zip(RESOURCES, totals)),

@@ -148,5 +148,73 @@ def test_the_records_reach_every_scheduler_branch():
     assert read("qwen3-30b-dp", "steps").requests.max() > 1
 
 
+# -- the scheduler alone (no kernel, no prices) ---------------------------------------------
+
+def drive(pages: int, fixed: int, caching: bool, seed: int, steps: int = 3000) -> tuple:
+    """Feed one :class:`Replica` random requests (prompts of 1–300 tokens whose blocks share
+    prefixes within 4 groups) for ``steps`` schedules, ending finished requests as the event
+    loop does; returns the sha256 of every step's batch and the replica's whole state after
+    it (free and cached blocks, queues, each running request's pages, tokens and held
+    hashes), and (scheduled requests, tokens, preemptions, prefix-cache hit tokens)."""
+    import hashlib
+    import random
+
+    from jkernel.replay.scheduler import PoolLimits, Replica, Seq
+
+    bs = 16
+    lim = PoolLimits.manual(block_size=bs, max_num_batched_tokens=256, max_num_seqs=8,
+                            pages=pages, prefix_caching=caching)
+    lim.fixed_pages = fixed                   # a recurrent state charged at admission
+    r = Replica(lim)
+    rng = random.Random(seed)
+    h = hashlib.sha256()
+    rid = scheduled = tokens = hit = 0
+    for _ in range(steps):
+        for _ in range(rng.choice((0, 0, 0, 1, 1, 2))):
+            prompt = rng.randint(1, 300)
+            blocks = prompt // bs
+            group, shared = rng.randrange(4), rng.randint(0, blocks)
+            hashes = tuple(group * 10_000 + j for j in range(shared)) + \
+                tuple(10**9 + rid * 1000 + j for j in range(shared, blocks))
+            r.waiting.append(Seq(rid, prompt, rng.randint(1, 40), hashes=hashes))
+            rid += 1
+        sched = r.schedule()
+        scheduled += len(sched)
+        tokens += sum(n for _, n, _, _ in sched)
+        for seq, _n, _before, samples in sched:
+            if samples and seq.done:
+                hit += seq.cached_tokens
+                r.release(seq)
+                r.running.remove(seq)
+        h.update(repr(([(q.rid, n, b, x) for q, n, b, x in sched], r.free_pages,
+                       list(r.evictable), sorted(r.cache.items()), [q.rid for q in r.waiting],
+                       [q.rid for q in r.running], r.preemptions,
+                       [(q.rid, q.pages, q.computed, q.num_tokens, q.sampled, q.cached_tokens,
+                         tuple(q.held)) for q in r.running])).encode())
+    return h.hexdigest(), (scheduled, tokens, r.preemptions, hit)
+
+
+#: (pages, fixed pages, prefix caching, seed) → what :func:`drive` returned when recorded
+SCHEDULES = {
+    (60, 0, True, 1): "4f062a4394d9a63c155c50f8b83bf60e2261f0eef664f6669ab6f763e8f615c1",
+    (60, 3, True, 2): "fa37d306bba9316ac5e8b331c8a1a545e889c22901c1c43dbc9957d1d3afd971",
+    (45, 0, False, 3): "3541add720554d4925099c01cb514803f7fceb11989f0b6b3f9a261599bd58bb",
+    (400, 0, True, 4): "1fcd9b0693a56eb6994f206f52a6cf094edd80cf3f1ab4e1c8fc88b29e976510",
+}
+
+
+@pytest.mark.parametrize("config", list(SCHEDULES))
+def test_the_scheduler_reproduces_its_recorded_schedules(config):
+    digest, (scheduled, tokens, preemptions, hit) = drive(*config)
+    assert scheduled > 10_000 and tokens > 90_000
+    if config[0] < 100:
+        assert preemptions > 0                 # the small caches preempt
+    if config[2]:
+        assert hit > 0                         # and prefix caching hits
+    assert digest == SCHEDULES[config], f"{config}: a scheduling decision moved"
+
+
 if __name__ == "__main__":
     record()
+    for cfg in SCHEDULES:
+        print(cfg, *drive(*cfg))

@@ -145,7 +145,8 @@ class Replica:
 
     def usage(self) -> float:
         """Fraction of the KV cache in use (vLLM's ``kv_cache_usage``)."""
-        return 1.0 - self.available() / self.lim.pages if self.lim.pages else 0.0
+        pages = self.lim.pages
+        return 1.0 - (self.free_pages + len(self.evictable)) / pages if pages else 0.0
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)

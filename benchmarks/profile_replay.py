@@ -19,7 +19,9 @@ of each part, the medians over rounds:
 * ``step bookkeeping``: ``Simulation._step`` outside the parts above (the step log,
   KV usage, pushing the step's end);
 * ``event loop``: the rest of ``Simulation.run`` (the heap, arrivals, routing, wake-ups),
-  including the timers' own cost (~0.1–0.2 µs per timed call, 7–8 calls per step).
+  including the timers' own cost (~0.1–0.2 µs per timed call, 7–8 calls per step);
+* ``replay api``: ``replay`` outside ``Simulation.run`` (validating the table, rejections,
+  building the result tables), spread over the steps.
 
 With ``--cprofile N`` it also runs one more replay under ``cProfile`` and prints the N
 functions with the most own time (cProfile's overhead inflates call-heavy code: read its
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay import TRACE, synthetic  # noqa: E402
 
 PARTS = ("schedule", "outputs", "price: arrays", "price: step_time host", "price: programs",
-         "step bookkeeping", "event loop")
+         "step bookkeeping", "event loop", "replay api")
 
 
 class Timers:
@@ -83,6 +85,7 @@ def breakdown(k, reqs) -> tuple[dict, int, float]:
     t.wrap(scheduler.Replica, "schedule", "schedule")
     t.wrap(sim.Simulation, "_outputs", "outputs")
     t.wrap(sim.Simulation, "_step", "_step")
+    t.wrap(sim.Simulation, "run", "run")
     t.wrap(sim.Pool, "price", "price")
     t.wrap(type(k), "step_time", "step_time")
     t.wrap(_Compiled, "step", "programs")
@@ -104,7 +107,8 @@ def breakdown(k, reqs) -> tuple[dict, int, float]:
         "price: programs": s["programs"],
         "step bookkeeping": s["_step"] - s["schedule"] - s["outputs"] - s["price"],
     }
-    parts["event loop"] = wall - s["_step"]
+    parts["event loop"] = s["run"] - s["_step"]
+    parts["replay api"] = wall - s["run"]
     return {p: v / steps * 1e6 for p, v in parts.items()}, steps, wall
 
 

@@ -91,7 +91,7 @@ def _memory_row(k) -> dict:
     page = k.page_bytes()
     pages = k.kv_cache_pages()
     block = k.plan.block_size
-    util = k.settings["gpu_memory_utilization"]
+    util = k.settings.gpu_memory_utilization
     device = k.device_memory_bytes()
     budget = device * util
     engine = getattr(k.deployment(), "engine", None)

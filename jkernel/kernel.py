@@ -32,7 +32,7 @@ from .documents.coefficients import EVIDENCED
 from .errors import Refusal
 from .params import Params
 from .plan import Plan
-from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
+from .resolve import EngineSettings, Inputs, Resolved, open_inputs as _open_inputs, resolve
 from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
                    make_step_fn, sum_requests)
 from . import validate as _v
@@ -365,7 +365,8 @@ class Kernel:
       params: the :class:`~jkernel.params.Params` pytree the kernel prices with (SI units).
       step_fn: the pure function ``step_fn(params, batch_arrays) -> StepEstimate``.
       inputs: the documents the kernel was built from (``inputs.chip`` for the memory size).
-      settings: the engine settings the kernel used (block size, scheduler limits…).
+      settings: the :class:`~jkernel.resolve.EngineSettings` the kernel runs with (block
+        size, scheduler limits, max_model_len, prefix caching…).
     """
 
     def __init__(self, resolved: Resolved, *, options: StepOptions = StepOptions(),
@@ -395,8 +396,10 @@ class Kernel:
         return self._r.inputs
 
     @property
-    def settings(self) -> dict:
-        return dict(self._r.settings)
+    def settings(self) -> EngineSettings:
+        """The engine settings the kernel runs with, unstated ones resolved (a frozen
+        record; ``settings.as_dict()`` for JSON)."""
+        return self._r.settings
 
     @property
     def trace_count(self) -> int:
@@ -664,7 +667,7 @@ class Kernel:
     def sequence_variable_bytes(self, tokens: int) -> int:
         return _memory.sequence_variable_bytes(
             self.plan, self._r.memory, int(tokens),
-            dcp_shards_all_kv_layers=self._r.settings["dcp_shards_all_kv_layers"])
+            dcp_shards_all_kv_layers=self._r.settings.dcp_shards_all_kv_layers)
 
     def sequence_fixed_bytes(self) -> int:
         return _memory.sequence_fixed_bytes(self._r.memory)
@@ -686,7 +689,7 @@ class Kernel:
     def kv_cache_pages(self) -> int:
         """Pages left for the KV cache per rank (memory.md §5)."""
         return _memory.kv_cache_pages(self.device_memory_bytes(),
-                                      self._r.settings["gpu_memory_utilization"],
+                                      self._r.settings.gpu_memory_utilization,
                                       self.fixed_bytes().total(), self.page_bytes())
 
     # -- around a step (methods.md) ---------------------------------------------------------
@@ -715,8 +718,8 @@ class Kernel:
         return float(_overheads.pd_transfer_time(
             self.params, t, kv_bytes_per_token=self.plan.kv_bytes_per_token,
             same_node=src.node == dst.node,
-            same_rack_domain=self._r.links["rack_domain"] and src.rack == dst.rack,
-            floor_name=self._r.settings.get("pd_floor_name")))
+            same_rack_domain=self._r.links.rack_domain and src.rack == dst.rack,
+            floor_name=self._r.settings.pd_floor_name))
 
     def tier_time(self, tier: str, direction: str, nbytes: float, queue_depth: int = 1
                   ) -> float:

@@ -558,7 +558,7 @@ def start_refusal(k, *, max_model_len: int | None = None, pool: str | None = Non
     from .errors import Refusal
 
     gib = 2.0 ** 30
-    util = float(k.settings["gpu_memory_utilization"])
+    util = float(k.settings.gpu_memory_utilization)
     device = float(k.device_memory_bytes())
     budget = device * util
     fb = k.fixed_bytes()

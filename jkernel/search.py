@@ -377,7 +377,7 @@ def _price_rows(k, rows: list[list[tuple[int, int]]]):
     for j, r in enumerate(rows):
         for i, (a, b) in enumerate(r):
             s[j, i], c[j, i] = a, b
-    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings["decode_threshold"])
+    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings.decode_threshold)
 
 
 def _resource(index: int) -> str:
@@ -399,7 +399,7 @@ def _colocated_screen(k, wl: Workload) -> dict:
     * *chunk*: the decodes beside a full prefill chunk: TTFT ≈ ``ceil(isl / chunk) · t``.
     """
     st = k.settings
-    budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
+    budget, max_seqs = st.max_num_batched_tokens, st.max_num_seqs
     per_req = _memory.request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
@@ -428,8 +428,8 @@ def _decode_screen(k, wl: Workload) -> dict:
     st = k.settings
     per_req = _memory.request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
-    b_max = max(1, min(st["max_num_seqs"], kv_pages // max(per_req, 1),
-                       st["max_num_batched_tokens"]))
+    b_max = max(1, min(st.max_num_seqs, kv_pages // max(per_req, 1),
+                       st.max_num_batched_tokens))
     grid = _grid(b_max)
     ctx = wl.isl + wl.osl // 2
     est = _price_rows(k, [[(1, ctx)] * int(b) for b in grid])
@@ -441,7 +441,7 @@ def _decode_screen(k, wl: Workload) -> dict:
 
 def _prefill_screen(k, wl: Workload) -> dict:
     """Prefill replica: full steps of ``max_num_batched_tokens`` prompt tokens."""
-    budget = k.settings["max_num_batched_tokens"]
+    budget = k.settings.max_num_batched_tokens
     per_step = max(1, budget // wl.isl)
     if wl.isl <= budget:
         rows = [[(wl.isl, 0)] * per_step, [(wl.isl, 0)]]

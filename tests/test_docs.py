@@ -479,12 +479,12 @@ def test_simulator_page_names_real_settings_and_methods():
     read exist under those names."""
     text = _simulator()
     k = jkernel.open("qwen3-14b-h100-tp1")
-    keys = set(re.findall(r'settings\["(\w+)"\]', text))
+    keys = set(re.findall(r"\bsettings\.(\w+)", text))
     for m in re.finditer(r"`(?:k|kernel)\.settings`[^(]*\(([^)]*)\)", text):
         keys |= set(re.findall(r"`(\w+)`", m[1]))
     assert {"block_size", "max_num_batched_tokens", "max_num_seqs", "engines",
             "decode_threshold"} <= keys
-    assert keys <= set(k.settings)
+    assert keys <= set(k.settings.as_dict())
     methods = set(re.findall(r"`(?:k|kernel|prefill|jkernel\.Kernel)\.(\w+)\(", text))
     methods |= set(re.findall(r"`(\w+_overhead|tier_time|pd_transfer_time)\(", text))
     methods |= set(re.findall(r"\b(?:k|kernel|prefill)\.(\w+)\(", text))
@@ -653,7 +653,7 @@ def test_api_page_names_and_constants_are_the_programs():
         for name in set(re.findall(rf"`{owner}\.(\w+)`", text)):
             assert hasattr(obj, name), f"{owner}.{name}"
     listed = re.search(r"`k\.settings` \| [^:]*: ([^|]*)\|", text)[1]
-    assert set(re.findall(r"`(\w+)`", listed)) <= set(k.settings)
+    assert set(re.findall(r"`(\w+)`", listed)) <= set(k.settings.as_dict())
     consts = text[text.index("## Constants"):]
     for name, value in re.findall(r"`jkernel\.(\w+) = ([^`]+)`", consts):
         assert getattr(jkernel, name) == eval(value), name

@@ -441,8 +441,8 @@ def test_engine_defaults_by_chip(chip, tokens, seqs):
     deployment() still reports them unstated (0)."""
     gpn = 4 if chip.startswith("gb") else 8
     k = build(**TINY, hw=chip, tp=1, gpn=gpn, sets=("spec-vectors", "spec-chips"))
-    assert k.settings["max_num_batched_tokens"] == tokens
-    assert k.settings["max_num_seqs"] == seqs
+    assert k.settings.max_num_batched_tokens == tokens
+    assert k.settings.max_num_seqs == seqs
     assert scope_value(k, "max_num_batched_tokens") == str(tokens)
     assert scope_value(k, "max_num_seqs") == str(seqs)
     assert k.deployment().engine.max_num_batched_tokens == 0
@@ -451,9 +451,34 @@ def test_engine_defaults_by_chip(chip, tokens, seqs):
 
 def test_stated_limits_record_no_assumption():
     k = build(**TINY, tp=1, engine={"max_num_batched_tokens": 4096, "max_num_seqs": 128})
-    assert k.settings["max_num_batched_tokens"] == 4096 and k.settings["max_num_seqs"] == 128
+    assert k.settings.max_num_batched_tokens == 4096 and k.settings.max_num_seqs == 128
     assert k.assumption("max_num_batched_tokens") is None
     assert k.assumption("max_num_seqs") is None
+
+
+def test_engine_settings_are_a_frozen_record_of_what_the_engine_runs_with():
+    """`Kernel.settings` holds every setting a scheduler sizes itself from, resolved: prefix
+    caching and async scheduling on unless stated off (vLLM v0.31.0), max_model_len the
+    stated one, else the length vLLM derives from the model's config.json."""
+    unstated = jkernel.open("llama-3.1-8b-a100-tp1")        # states no max_model_len
+    s = unstated.settings
+    assert isinstance(s, jkernel.EngineSettings)
+    assert s.max_model_len == unstated.inputs.model_max_len == 131072
+    assert (s.enable_prefix_caching, s.async_scheduling) == (True, True)
+    assert s.async_scheduling is unstated.resolved().async_scheduling
+    assert (s.block_size, s.max_num_batched_tokens, s.max_num_seqs) == (16, 2048, 256)
+    assert (s.engines, s.engine_gpus, s.decode_threshold) == (1, 1, 1)
+    assert jkernel.open("llama-3.1-8b-h100-tp1").settings.max_model_len == 8192   # stated
+    off = build(**TINY, tp=1, engine={"enable_prefix_caching": False,
+                                      "async_scheduling": False})
+    assert (off.settings.enable_prefix_caching, off.settings.async_scheduling) == (False, False)
+    assert off.settings.max_model_len == 0            # no config.json, none stated: unknown
+    d = s.as_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert d["max_model_len"] == 131072 and set(d) == {
+        f.name for f in dataclasses.fields(jkernel.EngineSettings)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.block_size = 32
 
 
 # -- capture ceilings (vectors.md §1.10) -------------------------------------------------------
@@ -759,12 +784,12 @@ def test_custom_all_reduce_declined_across_nodes_not_inside_a_rack():
     (o,) = k.resolved().overrides
     assert (o.field, o.requested, o.resolved) == ("allreduce_backend", "custom", "nccl")
     assert "node" in o.reason
-    assert k.settings["nodes_spanned"] == 2
+    assert k.settings.nodes_spanned == 2
     assert next(g for g in k.plan.groups if g.name == "TP").crosses
     rack = build(**DS, hw="gb200-nvl72", tp=8, nodes=2, gpn=4, fabric="ib-400g",
                  sets=("spec-chips", "spec-gb200-ar8"))
     assert rack.resolved().all_reduce_backend == "custom" and rack.resolved().overrides == ()
-    assert rack.settings["nodes_spanned"] == 1
+    assert rack.settings.nodes_spanned == 1
     assert not next(g for g in rack.plan.groups if g.name == "TP").crosses
 
 
@@ -805,7 +830,7 @@ def test_mamba_cache_mode_resolution(engine, mode, override, assumed):
     """§10: `none` with prefix caching on resolves to `align` with an override; unstated
     takes the default for the prefix-caching setting, recorded as an assumption."""
     k = build(model="nemotron-3.5-lightning-30b-a3b-nvfp4", tp=1, engine=engine)
-    assert k.settings["mamba_cache_mode"] == mode
+    assert k.settings.mamba_cache_mode == mode
     overrides = k.resolved().overrides
     if override:
         (o,) = overrides
@@ -859,7 +884,7 @@ def test_open_pool_by_role_and_index():
     dec = jkernel.open_pool(sc_dep, "decode", SPEC_REPOS)
     assert (pre.plan.tp, dec.plan.tp) == (2, 4)
     assert pre.deployment().role == "prefill" and dec.deployment().role == "decode"
-    assert pre.settings["max_num_seqs"] == 64
+    assert pre.settings.max_num_seqs == 64
     assert jkernel.open_pool(sc_dep, 1, SPEC_REPOS).plan.tp == 4
     assert jkernel.open_pool(sc_dep, "0", SPEC_REPOS).plan.tp == 2
     assert jkernel.open_inputs(sc_dep, SPEC_REPOS, "decode").pool_index == 1
@@ -964,7 +989,7 @@ def test_token_budget_below_max_num_seqs_is_refused():
 def test_unstated_max_num_seqs_is_capped_at_a_small_token_budget():
     """vLLM caps its default max_num_seqs at max_num_batched_tokens, so it starts."""
     k = build(**TINY, tp=1, engine={"max_num_batched_tokens": 64})
-    assert k.settings["max_num_seqs"] == 64
+    assert k.settings.max_num_seqs == 64
     assert "capped at max_num_batched_tokens 64" in k.assumption("max_num_seqs")
 
 
@@ -989,7 +1014,7 @@ def test_token_budget_below_one_block_outside_align_mode_still_builds():
     """Outside align mode vLLM chunks prompts, so a budget below one block runs."""
     k = build(**TINY, tp=1, engine={"block_size": 256, "max_num_batched_tokens": 128,
                                     "max_num_seqs": 128})
-    assert k.settings["block_size"] == 256
+    assert k.settings.block_size == 256
 
 
 @pytest.mark.parametrize("block", [7, 12, 512])

@@ -127,7 +127,7 @@ def test_documents_are_the_engines_own_bundle():
                                          "cache_dtype": "fp8"}
     assert dep["pd_transfer"] == {"connector": "NixlConnector"}
     k = jkernel.open_pool(c.bundle_yaml(4608), "decode")
-    assert k.plan.tp == 8 and k.settings["served_dtype"] == "fp8"
+    assert k.plan.tp == 8 and k.settings.served_dtype == "fp8"
 
 
 # -- the pre-screen's arithmetic (hand-checked) ------------------------------------------

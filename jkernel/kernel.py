@@ -33,6 +33,7 @@ from .errors import Refusal
 from .params import Params
 from .plan import Plan
 from .resolve import EngineSettings, Inputs, Resolved, open_inputs as _open_inputs, resolve
+from .startup import check_opened
 from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
                    make_step_fn, sum_requests)
 from . import validate as _v
@@ -799,28 +800,14 @@ def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
         roles = ", ".join(p.role for p in pools)
         raise Refusal("R3", f"the deployment has {len(pools)} pools ({roles}); build one "
                       "kernel per pool with jkernel.open_pool(bundle, role)", field="pools")
-    return _started(Kernel(resolve(inputs), **kw))
-
-
-def _started(k: Kernel) -> Kernel:
-    """``k``, or the refusal vLLM would stop at start-up with (:func:`jkernel.memory.
-    start_refusal`): no KV page left, or a stated max_model_len the cache cannot hold,
-    when the bundle states its gpu_memory_utilization.
-
-    A departure from the spec, which lists no such refusal for ``open`` (resolution.md §1,
-    §13) and whose vectors open pools whose fixed bytes overflow the budget at the
-    utilization jkernel assumes when none is stated (D15, 0.92): those keep memory.md §5's
-    pages = max(0, …) and are priced. A budget the bundle states is held to vLLM v0.31.0's
-    start-up check (README precedence rule 2). ``new`` never refuses here."""
-    if k.assumption("gpu_memory_utilization") is not None:
-        return k
-    engine = getattr(k.deployment(), "engine", None)
-    _memory.check_start(k, max_model_len=int(getattr(engine, "max_model_len", 0) or 0),
-                        pool=f"pools[{k.inputs.pool_index}]")
+    k = Kernel(resolve(inputs), **kw)
+    check_opened(k)
     return k
 
 
 def open_pool(bundle: Any, pool: int | str, repos: Repos | None = None, **kw) -> Kernel:
     """The kernel of one pool, named by its role (``prefill``, ``decode``) or index."""
     _entry()
-    return _started(Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw))
+    k = Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw)
+    check_opened(k)
+    return k

@@ -30,6 +30,7 @@ import pytest
 
 import jkernel
 from jkernel import memory as M
+from jkernel import startup
 from jkernel.documents import parse_bundle
 from jkernel.documents.graph import LATENT_KINDS
 
@@ -307,7 +308,7 @@ def test_no_kv_page_left_is_refused_at_open_with_the_engines_reason():
     assert "raise gpu_memory_utilization" in exc.value.reason
     k = jkernel.new(jkernel.open_inputs(doc, repos))
     assert k.kv_cache_pages() == 0
-    assert M.start_refusal(k).code == "FIT"
+    assert startup.start_refusal(k).code == "FIT"
 
 
 def test_a_max_model_len_the_cache_cannot_hold_is_refused_with_the_longest_that_fits():
@@ -324,7 +325,7 @@ def test_a_max_model_len_the_cache_cannot_hold_is_refused_with_the_longest_that_
     assert f"max_model_len {too_long} needs {pages + 1} KV pages" in exc.value.reason
     assert f"only {pages} fit" in exc.value.reason
     assert f"about {pages * block:,} tokens" in exc.value.reason
-    assert M.start_refusal(k, max_model_len=pages * block) is None
+    assert startup.start_refusal(k, max_model_len=pages * block) is None
 
 
 def test_out_of_range_utilization_and_refused_block_size_name_the_setting():
@@ -395,4 +396,4 @@ def test_an_assumed_utilization_is_priced_not_refused():
     k = jkernel.open((sc, dep), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
     assert k.assumption("gpu_memory_utilization") is not None
     assert k.kv_cache_pages() == 0
-    assert M.start_refusal(k).code == "FIT"              # the replay and planner still ask
+    assert startup.start_refusal(k).code == "FIT"              # the replay and planner still ask

@@ -106,7 +106,7 @@ def test_preemption_when_the_cache_is_small(tmp_path):
     util = (base.fixed_bytes().total() + 200.5 * base.page_bytes()) / \
         base.device_memory_bytes()
     # vLLM refuses to start when one max_model_len sequence cannot fit the cache: jkernel.open
-    # refuses the pool (jkernel.memory.start_refusal), and so does the replay of a kernel
+    # refuses the pool (jkernel.startup.start_refusal), and so does the replay of a kernel
     # built by jkernel.new from the same documents.
     doc = bundle_with(tmp_path, gpu_memory_utilization=round(util, 6))
     with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):

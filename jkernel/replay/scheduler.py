@@ -122,7 +122,7 @@ class PoolLimits:
         (:meth:`pages_for`) plus its recurrent state (``fixed_pages``; 0 unless the model
         has recurrent layers). memory.md §5: each running sequence also holds
         ``sequence_fixed_bytes()``, charged against the same pages. The cached form of
-        :func:`jkernel.memory.request_pages` (a test holds them equal)."""
+        :func:`jkernel.startup.request_pages` (a test holds them equal)."""
         return self.pages_for(tokens) + self.fixed_pages
 
 

@@ -16,7 +16,7 @@ from importlib import import_module as _import
 #: ``jkernel catalog`` or ``jkernel derive`` start without importing JAX.
 _HOME = {
     "Batch": "batch", "Request": "batch", "Repos": "catalog", "Refusal": "errors",
-    "Kernel": "kernel", "enable_compilation_cache": "kernel", "enable_x64": "kernel",
+    "Kernel": "kernel", "enable_compilation_cache": "runtime", "enable_x64": "runtime",
     "new": "kernel", "open": "kernel", "open_inputs": "kernel", "open_pool": "kernel",
     "Placement": "overheads", "Params": "params", "ENGINE_BEHAVIOUR_VERSION": "resolve", "EngineSettings": "resolve",
     "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "step", "StepEstimate": "step",

@@ -33,14 +33,14 @@ from .errors import Refusal
 from .params import Params
 from .plan import Plan
 from .resolve import EngineSettings, Inputs, Resolved, open_inputs as _open_inputs, resolve
+from .runtime import configure
 from .startup import check_opened
 from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
                    make_step_fn, sum_requests)
 from . import validate as _v
 from .validate import ArgumentError
 
-__all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "enable_x64",
-           "enable_compilation_cache", "default_cache_dir", "ArgumentError"]
+__all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "ArgumentError"]
 
 #: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -51,85 +51,6 @@ _SMALL_PACKED = 128
 
 _PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
     ("bottleneck",)
-
-
-def enable_x64() -> None:
-    """Turn on float64 in JAX (the spec's arithmetic). Called by the entry points."""
-    if not jax.config.jax_enable_x64:
-        jax.config.update("jax_enable_x64", True)
-
-
-def default_cache_dir() -> str | None:
-    """Where compiled step programs persist: ``$JKERNEL_CACHE_DIR`` (``0`` turns the cache
-    off: None), else the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)
-    ``/jkernel/xla``."""
-    env = (os.environ.get("JKERNEL_CACHE_DIR") or "").strip()
-    if env == "0":
-        return None
-    if env:
-        return os.path.expanduser(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "jkernel", "xla")
-
-
-def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
-    """Persist compiled step programs across processes in ``path`` (default
-    :func:`default_cache_dir`), so a second run of a command compiles nothing. Returns the
-    directory used, or None when ``JKERNEL_CACHE_DIR=0`` turns the cache off (or the
-    directory cannot be made, which only costs compile time)."""
-    path = str(path) if path is not None else default_cache_dir()
-    if path is None:
-        return None
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return None
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
-
-
-def _backend_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-        return bool(xla_bridge._backends)
-    except Exception:          # private API moved: assume started, change nothing
-        return True
-
-
-_ENTERED = False
-
-
-def _entry() -> None:
-    """What every entry point sets before JAX is first used (never at import).
-
-    * float64 (the spec's arithmetic);
-    * synchronous dispatch on CPU: a step is a few microseconds of work, and JAX's
-      asynchronous CPU dispatch adds ~40 µs per call around it. It takes effect only if JAX's
-      CPU backend has not started yet (let jkernel open a kernel first for the fastest
-      ``step_time``); ``JKERNEL_CPU_ASYNC_DISPATCH=1`` keeps JAX's default;
-    * one intra-op thread in XLA's CPU client (``PJRT_NPROC=1``, read when the client
-      starts, unless the caller set it): a step is too small to gain from a second thread,
-      and XLA splitting it over two cost 2–3 × (see benchmarks/RESULTS.md); ``price_many``
-      keeps the cores busy with a thread per chunk instead. ``JKERNEL_CPU_THREADS=N`` asks
-      for N;
-    * the persistent compilation cache in :func:`default_cache_dir` (on by default,
-      ``JKERNEL_CACHE_DIR=0`` turns it off), unless the caller configured JAX's own.
-    """
-    global _ENTERED
-    enable_x64()
-    if _ENTERED:
-        return
-    _ENTERED = True
-    if not _backend_started():
-        if os.environ.get("JKERNEL_CPU_ASYNC_DISPATCH", "0") != "1":
-            jax.config.update("jax_cpu_enable_async_dispatch", False)
-        threads = os.environ.get("JKERNEL_CPU_THREADS", "1")
-        if "PJRT_NPROC" not in os.environ and threads.strip() not in ("", "0"):
-            os.environ["PJRT_NPROC"] = threads.strip()
-    if not jax.config.jax_compilation_cache_dir:
-        enable_compilation_cache()
 
 
 class _Compiled:
@@ -777,13 +698,13 @@ class Kernel:
 
 def open_inputs(bundle: Any, repos: Repos | None = None, pool: int | str = 0) -> Inputs:
     """Load a bundle and every document it names (resolution.md §1)."""
-    _entry()
+    configure()
     return _open_inputs(bundle, repos, pool)
 
 
 def new(inputs: Inputs, **kw) -> Kernel:
     """Validate and resolve ``inputs`` into a kernel; raises :class:`Refusal`."""
-    _entry()
+    configure()
     return Kernel(resolve(inputs), **kw)
 
 
@@ -793,7 +714,7 @@ def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
     A disaggregated deployment needs one kernel per pool: that is refused here, naming
     ``open_pool``.
     """
-    _entry()
+    configure()
     inputs = _open_inputs(bundle, repos, 0)
     pools = inputs.deployment.pools
     if len(pools) > 1:
@@ -807,7 +728,7 @@ def open(bundle: Any, repos: Repos | None = None, **kw) -> Kernel:  # noqa: A001
 
 def open_pool(bundle: Any, pool: int | str, repos: Repos | None = None, **kw) -> Kernel:
     """The kernel of one pool, named by its role (``prefill``, ``decode``) or index."""
-    _entry()
+    configure()
     k = Kernel(resolve(_open_inputs(bundle, repos, pool)), **kw)
     check_opened(k)
     return k

@@ -12,11 +12,7 @@ into one array and the batch into two, so a call costs a few microseconds of dis
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +23,7 @@ import numpy as np
 from . import memory as _memory
 from . import overheads as _overheads
 from .batch import DEFAULT_BUCKETS, Batch, bucket_for
+from .bulk import chunked, many_inputs, raise_negative
 from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
@@ -41,9 +38,6 @@ from . import validate as _v
 from .validate import ArgumentError
 
 __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "ArgumentError"]
-
-#: Threads pricing chunks of batches side by side in ``price_many`` (one per core, at most 4).
-_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 #: The largest packed single-step input (int32 entries) that runs as one program: XLA's CPU
 #: runtime runs a program inline when all its buffers are ≤ 512 bytes.
@@ -205,80 +199,6 @@ def _unpacked(packed) -> BatchArrays:
                        packed[..., 2 * r + 2])
 
 
-#: XLA's CPU runtime reads a host array in place (no copy) when it starts on a 64-byte
-#: boundary; numpy's allocations are 16-byte aligned, so most callers' arrays are copied.
-_ALIGN = 64
-
-
-def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array starting on a :data:`_ALIGN`-byte boundary."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    off = -raw.ctypes.data % _ALIGN
-    return raw[off:off + nbytes].view(dtype).reshape(shape)
-
-
-def _view_from_boundary(x: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """``x`` (C-contiguous) as the tail of a flat view that starts at the 64-byte boundary
-    at or below its first byte: ``(view, offset)`` with ``view[offset:]`` = ``x.ravel()``,
-    so XLA's CPU runtime reads it in place and the program skips the first ``offset``
-    elements. Only bytes of the page holding ``x``'s first byte are added (a page is a
-    whole number of 64-byte blocks), so nothing unmapped is touched; nothing is written.
-    None when ``x`` does not start on a multiple of its item size."""
-    head = x.ctypes.data % _ALIGN
-    if head % x.itemsize or not x.flags.c_contiguous:
-        return None
-    off = head // x.itemsize
-    raw = (ctypes.c_char * ((x.size + off) * x.itemsize)).from_address(x.ctypes.data - head)
-    return np.frombuffer(raw, x.dtype), off
-
-
-def _in_place(x: np.ndarray) -> bool:
-    """Whether XLA's CPU runtime can read ``x`` without copying it."""
-    return x.flags.c_contiguous and x.ctypes.data % _ALIGN == 0
-
-
-class _Staging:
-    """Reusable aligned host buffers for the bulk path's chunks that XLA cannot read in
-    place (unaligned, or the short last chunk): one copy into memory that is already
-    mapped (a fresh buffer per chunk would page-fault through every chunk). A buffer is
-    held by one chunk from its
-    fill until its result has been read back (the program reads its inputs in place), then
-    returned; at most ``keep`` buffers stay cached."""
-
-    def __init__(self, keep: int = 3 * _WORKERS):
-        self._free: list = []
-        self._lock = threading.Lock()
-        self._keep = keep
-
-    def take(self, shape: tuple, dtype) -> np.ndarray:
-        """A buffer of ``shape`` and ``dtype``, reused when a free one matches."""
-        with self._lock:
-            for i, buf in enumerate(self._free):
-                if buf.shape == shape and buf.dtype == dtype:
-                    return self._free.pop(i)
-        return _aligned_empty(shape, dtype)
-
-    def give(self, buf: np.ndarray) -> None:
-        with self._lock:
-            self._free.insert(0, buf)
-            del self._free[self._keep:]
-
-
-_STAGING = _Staging()
-
-
-def _negative_input(arrays, start: int, size: int) -> None:
-    """Raise for the negative token count the pricing program found in rows
-    ``start:start + size`` (read again on the host only on this error path)."""
-    for name, x in zip(("scheduled", "computed"), arrays[:2]):
-        low = int(x[start:start + size].min())
-        if low < 0:
-            raise ArgumentError(name, f"must be ≥ 0, got {low}")
-    raise ArgumentError("scheduled", "must be ≥ 0")          # unreachable: one was negative
-
-
 class Kernel:
     """One pool's cost model. Build it with :func:`open` / :func:`open_pool` / :func:`new`.
 
@@ -381,7 +301,7 @@ class Kernel:
         vals = self._c.step(self._flat, packed).tolist()
         if vals[-1]:
             b = _unpacked(packed)
-            _negative_input((b.scheduled[None], b.computed[None]), 0, 1)
+            raise_negative((b.scheduled[None], b.computed[None]), 0, 1)
         return _estimate(vals)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
@@ -434,12 +354,12 @@ class Kernel:
         bounded by the chunk, however many batches come. Returns a :class:`StepEstimate`
         of numpy arrays of shape ``(batches,)``; zero batches give empty arrays.
         """
-        arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
-                                   pad_tokens)
+        arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+                             pad_tokens, buckets=self.buckets)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
-                                        at=lambda o: functools.partial(self._c.at(o, False),
-                                                                       flat)))
+        return _estimates(chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
+                                  columns=len(_PACK),
+                                  at=lambda o: functools.partial(self._c.at(o, False), flat)))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -463,124 +383,12 @@ class Kernel:
         if flat.ndim != 2:
             raise ArgumentError("params", "a single Params needs leaves with a leading "
                                 "param-set axis (or pass a list of Params)")
-        arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
-                                   pad_tokens)
-        rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1,
-                             sets=flat.shape[0],
-                             at=lambda o: functools.partial(self._c.at(o, True), flat))
+        arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
+                             pad_tokens, buckets=self.buckets)
+        rows = chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, columns=len(_PACK),
+                       axis=1, sets=flat.shape[0],
+                       at=lambda o: functools.partial(self._c.at(o, True), flat))
         return _estimates(rows)
-
-    def _many_inputs(self, batches, scheduled, computed, decode_threshold, sm_budget,
-                     pad_tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Validate many batches: int32 ``scheduled`` and ``computed`` ``(B, R)`` (the
-        caller's arrays when they are already int32 and contiguous) and scalars ``(B, 3)``."""
-        if batches is not None:
-            if scheduled is not None or computed is not None:
-                raise ArgumentError("batches", "give either batches or scheduled/computed "
-                                    "arrays, not both")
-            batches = list(batches)
-            for j, b in enumerate(batches):
-                if not isinstance(b, Batch):
-                    raise ArgumentError(f"batches[{j}]", f"must be a jkernel.Batch, not "
-                                        f"{type(b).__name__}")
-            width = bucket_for(max((len(b) for b in batches), default=1), self.buckets)
-            s, c = (_aligned_empty((len(batches), width), np.int32) for _ in "sc")
-            scal = _aligned_empty((len(batches), 3), np.int32)
-            for x in (s, c, scal):
-                x[...] = 0
-            for j, b in enumerate(batches):
-                s[j, :len(b)] = b.scheduled
-                c[j, :len(b)] = b.computed
-                scal[j] = (b.decode_threshold, b.sm_budget, b.pad_tokens)
-            return s, c, scal
-        if scheduled is None:
-            raise ArgumentError("scheduled", "price_many needs batches or a scheduled array")
-        s = _v.tokens_matrix("scheduled", scheduled)
-        c = np.zeros_like(s) if computed is None else _v.tokens_matrix("computed", computed)
-        if c.shape != s.shape:
-            raise ArgumentError("computed", f"must have the shape of scheduled {s.shape} "
-                                f"(batches, requests), got {c.shape}")
-        nb = s.shape[0]
-        scal = _aligned_empty((nb, 3), np.int32)          # read in place by the program
-        scal[:, 0] = _v.scalar_column("decode_threshold", decode_threshold, nb)
-        scal[:, 1] = _v.scalar_column("sm_budget", sm_budget, nb)
-        scal[:, 2] = _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)
-        return s, c, scal
-
-    @staticmethod
-    def _chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, axis: int = 0,
-                 sets: int = 0, at=None):
-        """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
-        every chunk runs one program). One device: two chunks at a time, as XLA runs each
-        program on the calling thread and releases the GIL, so a second thread keeps a
-        second core busy. Several devices: each chunk is split over all of them along the
-        batch axis (``jax.sharding``), one chunk at a time. On one CPU device, a whole chunk
-        of ``scheduled``/``computed`` that is not 64-byte aligned is read in place through
-        a view from the boundary below it (``at(offsets)`` gives the program that skips
-        the offsets) instead of being copied."""
-        n = arrays[0].shape[0]
-        chunk = int(chunk)
-        if chunk < 1:
-            raise ArgumentError("chunk", f"must be ≥ 1, got {chunk}")
-        if n == 0:
-            empty = np.zeros((0, len(_PACK)))
-            return empty if not sets else np.zeros((sets, 0, len(_PACK)))
-        devices = jax.local_devices()
-        if jax.config.jax_default_device is not None:     # `with jax.default_device(d)`
-            devices = [jax.config.jax_default_device]
-        size = min(chunk, n)
-        on_cpu = getattr(devices[0], "platform", devices[0]) == "cpu"   # else: copied anyway
-        put = functools.partial(jax.device_put, may_alias=True)
-        if len(devices) > 1:
-            from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-            nd = len(devices)
-            size = -(-size // nd) * nd
-            sharding = NamedSharding(Mesh(np.asarray(devices), ("batches",)),
-                                     PartitionSpec("batches"))
-            put = functools.partial(jax.device_put, device=sharding, may_alias=True)
-
-        def run(start: int) -> np.ndarray:
-            parts = [x[start:start + size] for x in arrays]
-            rows_in = parts[0].shape[0]
-            short = size - rows_in
-            staged = []
-            call = fn
-            if at is not None and on_cpu and len(devices) == 1 and not short and not all(
-                    _in_place(x) for x in parts[:2]):
-                views = [(x, 0) if _in_place(x) else _view_from_boundary(x)
-                         for x in parts[:2]]
-                if all(v is not None for v in views):
-                    parts[0], parts[1] = (v[0].reshape(-1) for v in views)
-                    call = at((views[0][1], views[1][1]))
-            for j, x in enumerate(parts):
-                if short or (on_cpu and not _in_place(x)):
-                    buf = _STAGING.take((size,) + x.shape[1:], x.dtype)
-                    buf[:rows_in] = x
-                    if short:
-                        buf[rows_in:] = 0
-                    parts[j] = buf
-                    staged.append(buf)
-            try:
-                rows, negative = call(*(put(x) for x in parts))
-                if np.asarray(negative).any():
-                    _negative_input(arrays, start, size)
-                out = np.asarray(rows)
-                if short:
-                    out = out.take(np.arange(rows_in), axis=axis)
-            finally:
-                for buf in staged:
-                    _STAGING.give(buf)
-            return out
-
-        starts = range(0, n, size)
-        workers = 1 if len(devices) > 1 else min(len(starts), _WORKERS)
-        if workers <= 1:
-            outs = [run(i) for i in starts]
-        else:
-            with ThreadPoolExecutor(workers) as pool:
-                outs = list(pool.map(run, starts))
-        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=axis)
 
     # -- memory (memory.md) -----------------------------------------------------------------
     def fixed_bytes(self) -> _memory.MemoryBreakdown:

@@ -149,6 +149,7 @@ def many_inputs(batches, scheduled, computed, decode_threshold, sm_budget, pad_t
     scal[:, 2] = _v.scalar_column("pad_tokens", pad_tokens, nb, lo=None)
     return s, c, scal
 
+
 def chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, *, columns: int, axis: int = 0,
             sets: int = 0, at=None) -> np.ndarray:
     """Run ``fn`` over row chunks of ``arrays`` (the last one padded with empty batches so
@@ -159,13 +160,15 @@ def chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, *, columns: int, axi
     ``rows`` with the batch axis at ``axis`` and ``columns`` figures last, ``negative``
     the count of negative request entries per batch (any one raises
     :func:`raise_negative`). ``sets``: the leading parameter-set axis of a sweep's rows (0:
-    none); zero batches give empty rows of that shape. One device: two chunks at a time, as XLA runs each
-    program on the calling thread and releases the GIL, so a second thread keeps a
-    second core busy. Several devices: each chunk is split over all of them along the
-    batch axis (``jax.sharding``), one chunk at a time. On one CPU device, a whole chunk
-    of ``scheduled``/``computed`` that is not 64-byte aligned is read in place through
-    a view from the boundary below it (``at(offsets)`` gives the program that skips
-    the offsets) instead of being copied."""
+    none); zero batches give empty rows of that shape.
+
+    One device: two chunks at a time, as XLA runs each program on the calling thread and
+    releases the GIL, so a second thread keeps a second core busy. Several devices: each
+    chunk is split over all of them along the batch axis (``jax.sharding``), one chunk at a
+    time. On one CPU device, a whole chunk of ``scheduled``/``computed`` that is not 64-byte
+    aligned is read in place through a view from the boundary below it (``at(offsets)``
+    gives the program that skips the offsets) instead of being copied; the rest is staged
+    in reused aligned buffers."""
     n = arrays[0].shape[0]
     chunk = int(chunk)
     if chunk < 1:

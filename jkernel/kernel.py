@@ -29,7 +29,9 @@ from .documents.coefficients import EVIDENCED
 from .errors import Refusal
 from .params import Params
 from .plan import Plan
-from .resolve import EngineSettings, Inputs, Resolved, open_inputs as _open_inputs, resolve
+from .documents import Pool
+from .resolve import (EngineSettings, Inputs, Resolution, Resolved, open_inputs as _open_inputs,
+                      resolve)
 from .runtime import configure
 from .startup import check_opened
 from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
@@ -213,7 +215,7 @@ class Kernel:
 
     def __init__(self, resolved: Resolved, *, options: StepOptions = StepOptions(),
                  buckets: Sequence[int] = DEFAULT_BUCKETS, params: Params | None = None):
-        self._r = resolved
+        self._resolved = resolved
         self.plan = resolved.plan
         self.options = options
         self.buckets = tuple(sorted(buckets))
@@ -221,32 +223,38 @@ class Kernel:
         if set(self.params) != set(resolved.params):
             raise ValueError("params must have exactly the kernel's names: "
                              f"{sorted(resolved.params)}")
-        self._c = _compiled(self.plan, options, tuple(self.params))
-        self.step_fn = self._c.step_fn
+        self._programs = _compiled(self.plan, options, tuple(self.params))
+        self.step_fn = self._programs.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
 
     # -- construction helpers -----------------------------------------------------------
     def with_params(self, params: Params) -> "Kernel":
         """A kernel that prices with ``params`` (same names); shares compiled programs."""
-        return Kernel(self._r, options=self.options, buckets=self.buckets, params=params)
+        return Kernel(self._resolved, options=self.options, buckets=self.buckets, params=params)
 
     def with_options(self, options: StepOptions) -> "Kernel":
-        return Kernel(self._r, options=options, buckets=self.buckets, params=self.params)
+        return Kernel(self._resolved, options=options, buckets=self.buckets, params=self.params)
 
     @property
     def inputs(self) -> Inputs:
-        return self._r.inputs
+        return self._resolved.inputs
+
+    @property
+    def memory_plan(self) -> _memory.MemoryPlan:
+        """What the memory rules size this pool from (:class:`jkernel.memory.MemoryPlan`:
+        the vLLM version's rules, weights, activation and graph terms, attention windows)."""
+        return self._resolved.memory
 
     @property
     def settings(self) -> EngineSettings:
         """The engine settings the kernel runs with, unstated ones resolved (a frozen
         record; ``settings.as_dict()`` for JSON)."""
-        return self._r.settings
+        return self._resolved.settings
 
     @property
     def trace_count(self) -> int:
         """How many times the packed step programs were traced (a recompilation guard)."""
-        return self._c.traces
+        return self._programs.traces
 
     # -- the step ---------------------------------------------------------------------------
     def batch_arrays(self, batch: Batch, bucket: int | None = None) -> BatchArrays:
@@ -298,7 +306,7 @@ class Kernel:
         """
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
                             pad_tokens, sign=False)     # the program counts negatives
-        vals = self._c.step(self._flat, packed).tolist()
+        vals = self._programs.step(self._flat, packed).tolist()
         if vals[-1]:
             b = _unpacked(packed)
             raise_negative((b.scheduled[None], b.computed[None]), 0, 1)
@@ -316,9 +324,9 @@ class Kernel:
                                 f"{', '.join(_PACK[:-1])}")
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
                             pad_tokens)
-        value, g = self._c.grad(_PACK.index(of))(self._flat, packed)
+        value, g = self._programs.grad(_PACK.index(of))(self._flat, packed)
         g = np.asarray(g)
-        return float(value), Params(dict(zip(self._c.names, g)))
+        return float(value), Params(dict(zip(self._programs.names, g)))
 
     def breakdown(self, batch: Batch):
         """Where ``batch``'s step time goes: a :class:`pandas.DataFrame` of layer kind ×
@@ -328,7 +336,7 @@ class Kernel:
 
         if not isinstance(batch, Batch):
             raise TypeError(f"breakdown takes a jkernel.Batch, not {type(batch).__name__}")
-        return breakdown_table(self.plan, self._c.jit_step(self.params,
+        return breakdown_table(self.plan, self._programs.jit_step(self.params,
                                                            self.batch_arrays(batch)))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
@@ -336,7 +344,7 @@ class Kernel:
         for size in buckets or self.buckets:
             packed = np.zeros(2 * size + 3, np.int32)
             packed[-3] = 1
-            self._c.step(self._flat, packed)
+            self._programs.step(self._flat, packed)
 
     def price_many(self, batches: Sequence[Batch] | None = None, *, scheduled=None,
                    computed=None, decode_threshold=1, sm_budget=0,
@@ -357,9 +365,9 @@ class Kernel:
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
         flat = self._flat if dtype is None else self._flat.astype(dtype)
-        return _estimates(chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
-                                  columns=len(_PACK),
-                                  at=lambda o: functools.partial(self._c.at(o, False), flat)))
+        return _estimates(chunked(
+            lambda *x: self._programs.many(flat, *x), arrays, chunk, columns=len(_PACK),
+            at=lambda o: functools.partial(self._programs.at(o, False), flat)))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
                     computed=None, decode_threshold=1, sm_budget=0, pad_tokens=0,
@@ -377,30 +385,30 @@ class Kernel:
             if not params:
                 raise ArgumentError("params", "needs at least one parameter set")
             params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params)
-        if tuple(params) != self._c.names:
+        if tuple(params) != self._programs.names:
             raise ArgumentError("params", "must have exactly the kernel's names")
-        flat = jnp.stack([jnp.asarray(params[n]) for n in self._c.names], axis=-1)
+        flat = jnp.stack([jnp.asarray(params[n]) for n in self._programs.names], axis=-1)
         if flat.ndim != 2:
             raise ArgumentError("params", "a single Params needs leaves with a leading "
                                 "param-set axis (or pass a list of Params)")
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
-        rows = chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, columns=len(_PACK),
-                       axis=1, sets=flat.shape[0],
-                       at=lambda o: functools.partial(self._c.at(o, True), flat))
+        rows = chunked(lambda *x: self._programs.sweep(flat, *x), arrays, chunk,
+                       columns=len(_PACK), axis=1, sets=flat.shape[0],
+                       at=lambda o: functools.partial(self._programs.at(o, True), flat))
         return _estimates(rows)
 
     # -- memory (memory.md) -----------------------------------------------------------------
     def fixed_bytes(self) -> _memory.MemoryBreakdown:
-        return _memory.fixed_bytes(self._r.memory, self.params)
+        return _memory.fixed_bytes(self.memory_plan, self.params)
 
     def sequence_variable_bytes(self, tokens: int) -> int:
         return _memory.sequence_variable_bytes(
-            self.plan, self._r.memory, int(tokens),
-            dcp_shards_all_kv_layers=self._r.settings.dcp_shards_all_kv_layers)
+            self.plan, self.memory_plan, int(tokens),
+            dcp_shards_all_kv_layers=self._resolved.settings.dcp_shards_all_kv_layers)
 
     def sequence_fixed_bytes(self) -> int:
-        return _memory.sequence_fixed_bytes(self._r.memory)
+        return _memory.sequence_fixed_bytes(self.memory_plan)
 
     def page_bytes(self) -> int:
         """One KV page: ``sequence_variable_bytes(block_size)``."""
@@ -414,12 +422,12 @@ class Kernel:
         """The memory ``gpu_memory_utilization`` multiplies, bytes per rank: the datasheet's
         under the spec's recipe, what CUDA reports as total under the vLLM version rules that
         measure it (:func:`jkernel.memory.device_memory_bytes`)."""
-        return _memory.device_memory_bytes(self._r.memory, self.inputs.chip)
+        return _memory.device_memory_bytes(self.memory_plan, self.inputs.chip)
 
     def kv_cache_pages(self) -> int:
         """Pages left for the KV cache per rank (memory.md §5)."""
         return _memory.kv_cache_pages(self.device_memory_bytes(),
-                                      self._r.settings.gpu_memory_utilization,
+                                      self._resolved.settings.gpu_memory_utilization,
                                       self.fixed_bytes().total(), self.page_bytes())
 
     # -- around a step (methods.md) ---------------------------------------------------------
@@ -448,8 +456,8 @@ class Kernel:
         return float(_overheads.pd_transfer_time(
             self.params, t, kv_bytes_per_token=self.plan.kv_bytes_per_token,
             same_node=src.node == dst.node,
-            same_rack_domain=self._r.links.rack_domain and src.rack == dst.rack,
-            floor_name=self._r.settings.pd_floor_name))
+            same_rack_domain=self._resolved.links.rack_domain and src.rack == dst.rack,
+            floor_name=self._resolved.settings.pd_floor_name))
 
     def tier_time(self, tier: str, direction: str, nbytes: float, queue_depth: int = 1
                   ) -> float:
@@ -467,18 +475,21 @@ class Kernel:
 
     # -- introspection (resolution.md §12) --------------------------------------------------
     def provenance(self) -> list:
-        return list(self._r.provenance)
+        return list(self._resolved.provenance)
 
     def evidence(self) -> tuple[int, int, list[str]]:
-        prov = self._r.provenance
+        prov = self._resolved.provenance
         evidenced = sum(1 for p in prov if p.method in EVIDENCED)
         return evidenced, len(prov), [p.name for p in prov if p.method == "assumed"]
 
-    def resolved(self):
-        return self._r.resolution
+    def resolution(self) -> Resolution:
+        """What the kernel resolved (resolution.md §12.3): widths, all-reduce backend,
+        async scheduling, cascade attention, the overrides of stated settings."""
+        return self._resolved.resolution
 
-    def deployment(self):
-        """The pool as stated (unstated settings 0, "" or None)."""
+    def pool(self) -> Pool:
+        """The pool as stated in the deployment document (unstated settings 0, "" or None;
+        :attr:`settings` has them resolved)."""
         return self.inputs.deployment.pools[self.inputs.pool_index]
 
     def decode_context_parallel_width(self) -> int:
@@ -489,14 +500,14 @@ class Kernel:
 
     def assumption(self, name: str) -> str | None:
         """The scope string of a kernel assumption (``"<value>: <reason>"``), or None."""
-        for p in self._r.provenance:
+        for p in self._resolved.provenance:
             if p.set == "jkernel" and p.name == name:
                 return p.scope
         return None
 
     def __repr__(self) -> str:
         sc = self.inputs.scenario
-        pool = self.deployment()
+        pool = self.pool()
         return (f"Kernel({sc.name}: {sc.model} on {sc.cluster.hardware}, pool "
                 f"{self.inputs.pool_index} ({pool.role}), tp {self.plan.tp}, dp "
                 f"{self.plan.dp}, ep {self.plan.ep})")

@@ -147,5 +147,5 @@ def check_opened(k: "Kernel") -> None:
     start-up check (README precedence rule 2). ``new`` never refuses here."""
     if k.assumption("gpu_memory_utilization") is not None:
         return
-    check_start(k, max_model_len=k.deployment().engine.max_model_len,
+    check_start(k, max_model_len=k.pool().engine.max_model_len,
                 pool=f"pools[{k.inputs.pool_index}]")

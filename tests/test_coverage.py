@@ -271,7 +271,7 @@ def test_new_scenario_opens_and_prices(name, pool):
 
 
 def _overrides(k):
-    return {(o.field, o.requested, o.resolved) for o in k.resolved().overrides}
+    return {(o.field, o.requested, o.resolved) for o in k.resolution().overrides}
 
 
 def test_scenario_features_resolve_as_intended():
@@ -787,7 +787,7 @@ def test_disaggregated_pools_on_two_racks():
     rack-wide NVLink domain, at the fabric's rate across racks, never under the (alltoall,
     Expert) floor. tier_time reads host DRAM at the slower of the device and the host link."""
     pre, dec = kernel(DISAGG, 0), kernel(DISAGG, 1)
-    assert (pre.deployment().role, dec.deployment().role) == ("prefill", "decode")
+    assert (pre.pool().role, dec.pool().role) == ("prefill", "decode")
     assert (pre.prefill_context_parallel_width(), pre.plan.ep) == (2, 8)
     assert (dec.plan.ep, dec.plan.group("Expert").crosses) == (72, False)
     kvB = pre.kv_bytes_per_token()

@@ -491,7 +491,7 @@ def test_simulator_page_names_real_settings_and_methods():
     assert {"kv_cache_pages", "step_time", "admission_overhead", "pd_transfer_time"} <= methods
     for name in methods:
         assert callable(getattr(k, name, None)), name
-    assert callable(k.resolved().data_parallel)
+    assert callable(k.resolution().data_parallel)
 
 
 def test_simulator_page_speed_run_is_the_8_rps_run():

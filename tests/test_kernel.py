@@ -228,7 +228,7 @@ def test_split_single_step_prices_as_the_one_program(scenario, split):
         c = rng.integers(0, 30000, n).astype(np.int32)
         got = k.step_time(scheduled=s, computed=c, decode_threshold=1, pad_tokens=3)
         packed = k._pack(None, s, c, 1, 0, 3)
-        want = np.asarray(k._c.one(k._flat, packed))
+        want = np.asarray(k._programs.one(k._flat, packed))
         assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
         assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()
-    assert k._c._split is split
+    assert k._programs._split is split

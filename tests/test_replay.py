@@ -50,7 +50,7 @@ def us(k, prompt, computed):
 @pytest.mark.parametrize("async_", [True, False])
 def test_one_request_is_priced_step_by_step(async_):
     k = qwen() if async_ else qwen(async_scheduling=False)
-    assert k.resolved().async_scheduling is async_
+    assert k.resolution().async_scheduling is async_
     prompt, out = 300, 4
     res = replay(k, table([(7, 0.0, prompt, out)]))
     r = res.requests.iloc[0]
@@ -340,7 +340,7 @@ def test_parquet_request_file_and_unknown_suffix(tmp_path):
 
 def test_data_parallel_replicas_step_in_lockstep():
     k = jkernel.open("qwen3-30b-a3b-h200-ep")
-    dp = k.resolved().data_parallel()
+    dp = k.resolution().data_parallel()
     if dp < 2:
         pytest.skip("the scenario resolved dp 1")
     from jkernel.replay.sim import Pool

@@ -88,18 +88,18 @@ class Pool:
         if clock not in ("expected_s", "no_overlap_s"):
             raise ValueError(f"clock must be 'expected_s' or 'no_overlap_s', not {clock!r}")
         self.kernel = kernel
-        self.name = name or kernel.deployment().role
+        self.name = name or kernel.pool().role
         self.clock = clock
         self.limits = PoolLimits(kernel)
         s = kernel.settings
         self.decode_threshold = s.decode_threshold
-        self.dp = kernel.resolved().data_parallel()
+        self.dp = kernel.resolution().data_parallel()
         gpn = kernel.inputs.scenario.cluster.gpus_per_node
         engine_gpus = s.engine_gpus
         count = max(1, s.engines)
         self.engines = [Engine(self, e, first_node + e * engine_gpus // gpn)
                         for e in range(count)]
-        self.nodes = kernel.deployment().nodes
+        self.nodes = kernel.pool().nodes
         self.output_token_us = ticks(kernel.output_token_overhead())
         self.completion_us = ticks(kernel.completion_overhead())
         self._admission: dict[int, int] = {}

@@ -162,8 +162,8 @@ def chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, *, columns: int, axi
     :func:`raise_negative`). ``sets``: the leading parameter-set axis of a sweep's rows (0:
     none); zero batches give empty rows of that shape.
 
-    One device: two chunks at a time, as XLA runs each program on the calling thread and
-    releases the GIL, so a second thread keeps a second core busy. Several devices: each
+    One device: up to :data:`WORKERS` chunks at a time, as XLA runs each program on the
+    calling thread and releases the GIL, so each thread keeps a core busy. Several devices: each
     chunk is split over all of them along the batch axis (``jax.sharding``), one chunk at a
     time. On one CPU device, a whole chunk of ``scheduled``/``computed`` that is not 64-byte
     aligned is read in place through a view from the boundary below it (``at(offsets)``

@@ -30,7 +30,7 @@ from .batch import DEFAULT_BUCKETS, Batch, bucket_for
 from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
-from .params import Params
+from .params import CHIP_NAMES, Params
 from .plan import Plan
 from .resolve import Inputs, Resolved, open_inputs as _open_inputs, resolve
 from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
@@ -373,14 +373,18 @@ class Kernel:
         self._r = resolved
         self.plan = resolved.plan
         self.options = options
-        self.buckets = tuple(sorted(buckets))
+        if not isinstance(options, StepOptions):
+            raise ArgumentError("options", f"must be a jkernel.StepOptions, not {options!r}")
+        self.buckets = _v.buckets(buckets)
         self.params = resolved.params if params is None else params
-        if set(self.params) != set(resolved.params):
-            raise ValueError("params must have exactly the kernel's names: "
-                             f"{sorted(resolved.params)}")
+        if not isinstance(self.params, Params) or set(self.params) != set(resolved.params):
+            raise ArgumentError("params", "must be a jkernel.Params with exactly the kernel's "
+                                f"names: {sorted(resolved.params)}")
         self._c = _compiled(self.plan, options, tuple(self.params))
         self.step_fn = self._c.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
+        if params is not None:                  # the documents' own are checked as read
+            _v.params_values(self._c.names, self._flat, CHIP_NAMES)
 
     # -- construction helpers -----------------------------------------------------------
     def with_params(self, params: Params) -> "Kernel":
@@ -482,13 +486,14 @@ class Kernel:
         from .terms import breakdown_table
 
         if not isinstance(batch, Batch):
-            raise TypeError(f"breakdown takes a jkernel.Batch, not {type(batch).__name__}")
+            raise ArgumentError("batch", f"breakdown takes a jkernel.Batch, not "
+                                f"{type(batch).__name__}")
         return breakdown_table(self.plan, self._c.jit_step(self.params,
                                                            self.batch_arrays(batch)))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
-        for size in buckets or self.buckets:
+        for size in self.buckets if buckets is None else _v.bucket_sizes("buckets", buckets):
             packed = np.zeros(2 * size + 3, np.int32)
             packed[-3] = 1
             self._c.step(self._flat, packed)
@@ -511,7 +516,7 @@ class Kernel:
         """
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
-        flat = self._flat if dtype is None else self._flat.astype(dtype)
+        flat = self._flat if dtype is None else self._flat.astype(_v.price_dtype(dtype))
         return _estimates(self._chunked(lambda *x: self._c.many(flat, *x), arrays, chunk,
                                         at=lambda o: functools.partial(self._c.at(o, False),
                                                                        flat)))
@@ -538,6 +543,7 @@ class Kernel:
         if flat.ndim != 2:
             raise ArgumentError("params", "a single Params needs leaves with a leading "
                                 "param-set axis (or pass a list of Params)")
+        _v.params_values(self._c.names, flat, CHIP_NAMES)
         arrays = self._many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                                    pad_tokens)
         rows = self._chunked(lambda *x: self._c.sweep(flat, *x), arrays, chunk, axis=1,
@@ -594,9 +600,7 @@ class Kernel:
         a view from the boundary below it (``at(offsets)`` gives the program that skips
         the offsets) instead of being copied."""
         n = arrays[0].shape[0]
-        chunk = int(chunk)
-        if chunk < 1:
-            raise ArgumentError("chunk", f"must be ≥ 1, got {chunk}")
+        chunk = _v.chunk(chunk)
         if n == 0:
             empty = np.zeros((0, len(_PACK)))
             return empty if not sets else np.zeros((sets, 0, len(_PACK)))
@@ -712,6 +716,7 @@ class Kernel:
         for name, p in (("src", src), ("dst", dst)):
             if not isinstance(p, _overheads.Placement):
                 raise ArgumentError(name, f"must be a jkernel.Placement, not {p!r}")
+            _v.placement_pool(name, p, [q.role for q in self.inputs.deployment.pools])
         return float(_overheads.pd_transfer_time(
             self.params, t, kv_bytes_per_token=self.plan.kv_bytes_per_token,
             same_node=src.node == dst.node,

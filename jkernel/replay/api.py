@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .. import validate as _v
 from .scheduler import PoolLimits
 from .sim import Pool, Simulation, ticks
 from .workload import validate_requests
@@ -122,7 +123,8 @@ def _progress_bar(show: bool, total: int):
 
 
 def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool) -> ReplayResult:
-    df = validate_requests(requests, source=requests.attrs.get("source", "requests"))
+    df = validate_requests(requests, source=getattr(requests, "attrs", {}).get("source",
+                                                                              "requests"))
     rejected, reasons = _reject(df, [p.limits for p in pools])
     for p in pools:
         _check_start(p)
@@ -249,6 +251,7 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
       clock: ``"expected_s"`` (jkernel's estimate) or ``"no_overlap_s"``.
     """
     del seed
+    _v.kernel("kernel", kernel)
     return _run([Pool(kernel, clock=clock)], requests, progress)
 
 
@@ -260,6 +263,7 @@ def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, 
     transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
     """
     del seed
+    _v.disaggregated_pair(prefill_kernel, decode_kernel)
     pre = Pool(prefill_kernel, name="prefill", clock=clock)
     dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
     return _run([pre, dec], requests, progress)

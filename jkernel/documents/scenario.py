@@ -215,10 +215,15 @@ def _parse_engine(r: Reader | None) -> Engine:
     kw["dcp_comm_backend"] = r.str("dcp_comm_backend", "")
     kw["scheduling_policy"] = r.str("scheduling_policy", "", choices=("fcfs", "priority"))
     # Unstated, these read as 0 (documents.md §2.5); a stated 0 is not "unset": vLLM
-    # v0.31.0 refuses it at argument parsing (block_size outside its choices; the scheduler's
-    # max_num_batched_tokens and max_num_seqs and the model's max_model_len are positive).
+    # v0.31.0 takes only positive values for them (block_size is one of BLOCK_SIZES; the
+    # scheduler declares max_num_batched_tokens and max_num_seqs ≥ 1) and a context of 0
+    # tokens serves no request, so the engine would not start.
     for key in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-        kw[key] = r.int(key, 0, minimum=1, limit="INT32_MAX")
+        kw[key] = r.int(key, 0, minimum=0, limit="INT32_MAX")
+        if r.has(key) and kw[key] == 0:
+            raise r.error(key, f"a stated {key} of 0 is not 'unset': vLLM does not start "
+                          f"with it (it takes a positive {key}); leave the key out for the "
+                          "engine's default")
     # documents.md §2.5: a cp_kv_cache_interleave_size of 0 means unstated.
     kw["cp_kv_cache_interleave_size"] = r.int("cp_kv_cache_interleave_size", 0, minimum=0,
                                               limit="INT32_MAX")

@@ -160,7 +160,10 @@ class _Cfg:
             self.refuse(key, f"config field {self.field(key)!r} is not an object")
         return _Cfg(v, f"{self.prefix}{key}.", self.file)
 
-    def list(self, key: str, length: int | None = None) -> list | None:
+    def list(self, key: str, length: int | None = None, items: type | None = None
+             ) -> list | None:
+        """A list (``length`` entries when given; each an ``items``, never a bool, when
+        given: ``str`` for module names, ``int`` for layer indices)."""
         v = self.d.get(key)
         if v is None:
             return None
@@ -169,6 +172,11 @@ class _Cfg:
         if length is not None and len(v) != length:
             self.refuse(key, f"config field {self.field(key)!r} has {len(v)} entries; "
                              f"expected one per layer ({length})")
+        if items is not None:
+            for i, x in enumerate(v):
+                if isinstance(x, bool) or not isinstance(x, items):
+                    self.refuse(key, f"config field {self.field(key)!r}[{i}] = {x!r} is not "
+                                     f"a {'string' if items is str else 'whole number'}")
         return v
 
 
@@ -525,7 +533,7 @@ def _compressed_tensors_dtype(q: _Cfg, gname: str, weights: Mapping) -> str:
 
 
 def _modelopt_dtype(cfg: _Cfg, key: str, algo: Any) -> str:
-    if algo not in _MODELOPT_ALGOS:
+    if not isinstance(algo, str) or algo not in _MODELOPT_ALGOS:
         cfg.refuse(key, f"ModelOpt quant_algo {algo!r} is not understood; expected one of "
                         f"{', '.join(sorted(_MODELOPT_ALGOS))} or MIXED_PRECISION")
     return _MODELOPT_ALGOS[algo]
@@ -535,7 +543,8 @@ def _modelopt_scheme(q: _Cfg, torch_dtype: str) -> _Scheme:
     algo = q.raw("quant_algo")
     if algo is None:
         q.refuse("quant_algo", "ModelOpt quantisation without quant_algo; expected e.g. FP8")
-    ignore = list(q.list("exclude_modules") or []) + list(q.list("ignore") or [])
+    ignore = (list(q.list("exclude_modules", items=str) or [])
+              + list(q.list("ignore", items=str) or []))
     if algo == "MIXED_PRECISION":
         layers = q.sub("quantized_layers")
         if layers is None:
@@ -561,11 +570,11 @@ def _resolve_scheme(c: _Cfg, outer: _Cfg | None, quant_config: Mapping | None,
     if q is not None:
         method = q.raw("quant_method")
         if method == "fp8":
-            ignore = list(q.list("modules_to_not_convert") or []) + \
-                list(q.list("ignored_layers") or [])
+            ignore = list(q.list("modules_to_not_convert", items=str) or []) + \
+                list(q.list("ignored_layers", items=str) or [])
             return _Scheme(base, "fp8", "uniform", default_dtype="fp8", ignore=ignore)
         if method == "mxfp4":
-            ignore = q.list("modules_to_not_convert") or []
+            ignore = q.list("modules_to_not_convert", items=str) or []
             return _Scheme(base, base, "mxfp4", ignore=ignore)
         if method == "compressed-tensors":
             groups_cfg = q.sub("config_groups")
@@ -579,9 +588,9 @@ def _resolve_scheme(c: _Cfg, outer: _Cfg | None, quant_config: Mapping | None,
                 if not isinstance(weights, Mapping):
                     gcfg.refuse("weights", "a compressed-tensors group without a weight scheme "
                                            "is not understood (activation-only quantisation)")
-                targets = gcfg.list("targets") or []
+                targets = gcfg.list("targets", items=str) or []
                 groups.append((targets, _compressed_tensors_dtype(q, gname, weights)))
-            ignore = q.list("ignore") or []
+            ignore = q.list("ignore", items=str) or []
             return _Scheme(base, groups[0][1], "groups", ignore=ignore, groups=groups)
         if method == "modelopt" or (method is None and q.has("quant_algo")):
             # spec silent; vLLM v0.31.0 recognises a ModelOpt checkpoint by quant_algo (the
@@ -686,7 +695,7 @@ def _plan_dense_family(c: _Cfg, model_type: str) -> _Plan:
         top_k = c.int("num_experts_per_tok", what="experts per token")
         n = c.int("moe_intermediate_size", what="the per-expert intermediate size")
         step = c.int("decoder_sparse_step", 1)
-        only = set(c.list("mlp_only_layers") or [])
+        only = set(c.list("mlp_only_layers", items=int) or [])
         # spec silent; vLLM v0.31.0 Qwen3MoeDecoderLayer: MoE iff the layer is not in
         # mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
         moe_layers = [(i not in only) and (i + 1) % step == 0 for i in range(L)]
@@ -976,7 +985,7 @@ def _plan_qwen_hybrid(c: _Cfg, model_type: str) -> _Plan:
     moe = None
     if experts:
         step = c.int("decoder_sparse_step", 1)
-        only = set(c.list("mlp_only_layers") or [])
+        only = set(c.list("mlp_only_layers", items=int) or [])
         moe_layers = [(i not in only) and (i + 1) % step == 0 for i in range(L)]
         shared_inter = c.int("shared_expert_intermediate_size", 0, minimum=0)
         moe = _Moe(experts=experts, top_k=c.int("num_experts_per_tok"),
@@ -1008,8 +1017,8 @@ def _plan_kimi_linear(c: _Cfg) -> _Plan:
     la = c.sub("linear_attn_config")
     if la is None:
         c.refuse("linear_attn_config", "a kimi_linear config needs linear_attn_config")
-    kda_layers = set(la.list("kda_layers") or [])
-    full_layers = set(la.list("full_attn_layers") or [])
+    kda_layers = set(la.list("kda_layers", items=int) or [])
+    full_layers = set(la.list("full_attn_layers", items=int) or [])
     # spec silent; vLLM v0.31.0 KimiLinearConfig.is_kda_layer: the lists are 1-based.
     types = []
     for i in range(L):
@@ -1171,7 +1180,7 @@ def _plan(c: _Cfg, outer: _Cfg | None) -> tuple[_Plan, str]:
     if model_type is None:
         c.refuse("model_type", "required config field 'model_type' is missing; expected one of "
                                f"{', '.join(sorted(_FAMILIES))}")
-    if model_type not in _FAMILIES:
+    if not isinstance(model_type, str) or model_type not in _FAMILIES:
         c.refuse("model_type", f"model_type {model_type!r} is not understood; expected one of "
                                f"{', '.join(sorted(_FAMILIES))}")
     family, archs = _FAMILIES[model_type]

@@ -205,3 +205,29 @@ def test_zero_requests_give_strict_json_with_nulls(tmp_path):
     assert doc["ttft_mean_s"] is None and doc["completed"] == 0
     res = replay(catalog_kernel(SCENARIO), table(0))
     assert np.isnan(res.summary["ttft_mean_s"])       # the API keeps NaN, as documented
+
+
+@pytest.mark.parametrize("case", ["bundle-binary", "bundle-directory", "requests-directory",
+                                  "requests-binary", "requests-late"])
+def test_the_command_reports_unreadable_inputs_without_a_traceback(tmp_path, case):
+    """An unreadable bundle or request file, a request path that is a directory and arrival
+    times past int64 microseconds each raised a raw traceback from ``jkernel``."""
+    reqs = tmp_path / "r.csv"
+    table().to_csv(reqs, index=False)
+    scenario = SCENARIO
+    if case == "bundle-binary":
+        scenario = str(tmp_path / "b.yaml")
+        Path(scenario).write_bytes(b"\x89PNG\x00\xff")
+    elif case == "bundle-directory":
+        scenario = str(tmp_path)
+    elif case == "requests-directory":
+        reqs = tmp_path
+    elif case == "requests-binary":
+        reqs.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        table(arrival_s=[0.0, 1e13, 2e13]).to_csv(reqs, index=False)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(["replay", scenario, "--requests", str(reqs)])
+    assert rc == 2 and err.getvalue().startswith("jkernel: ")
+    assert "Traceback" not in err.getvalue() and len(err.getvalue().splitlines()) == 1

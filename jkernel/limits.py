@@ -81,8 +81,10 @@ LIMITS: tuple[Limit, ...] = (
           "rows of a request table (replay --requests, plan --requests)",
           "the replay holds every request and its token times in memory"),
     Limit("MAX_REPLAY_TOKENS", 100_000_000,
-          "output tokens of a request table, summed over its requests",
-          "the replay keeps the time of every output token (about 40 bytes each)"),
+          "output tokens of a request table plus its shared-prefix tokens (prefix_length "
+          "where a prefix_group is named), summed over its requests",
+          "the replay keeps the time of every output token and a hash of every shared "
+          "prefix block (tens of bytes each)"),
     Limit("MAX_ARRIVAL_S", 1e9,
           "an arrival time, seconds (arrival_s, arrival_time_us / 10⁶)",
           "the replay's clock counts int64 microseconds; 10⁹ s is 31.7 years"),

@@ -97,6 +97,14 @@ def test_too_many_output_tokens_are_refused():
     assert "MAX_REPLAY_TOKENS" in message(lambda: validate_requests(df))
 
 
+def test_a_huge_shared_prefix_is_refused_before_it_is_hashed():
+    """One row of a 2³¹-token prompt sharing all of it would have the replay build a
+    134-million-entry tuple of block hashes."""
+    big = limits.INT32_MAX
+    df = table(1, input_tokens=[big], prefix_group=["g"], prefix_length=[big])
+    assert "shared-prefix tokens" in message(lambda: validate_requests(df))
+
+
 def test_token_counts_past_int32_are_refused():
     df = table(input_tokens=[100, 2 ** 40, 100])
     assert "INT32_MAX" in message(lambda: validate_requests(df))

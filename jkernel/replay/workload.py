@@ -181,6 +181,16 @@ def _prefix_columns(df: pd.DataFrame, source: str) -> None:
                          "shared prefix is part of the prompt")
 
 
+def _shared_prefix_tokens(df: pd.DataFrame) -> int:
+    """Tokens of the shared prefixes the replay hashes block by block (validated columns)."""
+    if "prefix_group" not in df.columns:
+        return 0
+    group = df["prefix_group"]
+    named = ~(group.isna() | (group.astype(str) == "")).to_numpy()
+    length = pd.to_numeric(df["prefix_length"], errors="coerce").to_numpy(dtype=float)
+    return int(np.nansum(np.where(named, length, 0.0)))
+
+
 def _hash_count(v) -> int | None:
     """How many whole-number hashes ``v`` holds (a space-separated string or a sequence),
     or None when it holds anything else."""
@@ -262,12 +272,12 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
     df["arrival_s"] = arrival
     df["input_tokens"] = _tokens(df, "input_tokens", source)
     df["output_tokens"] = _tokens(df, "output_tokens", source)
-    total = int(df["output_tokens"].sum())
-    if total > _limits.MAX_REPLAY_TOKENS:
-        raise ValueError(f"{source}: {total:,} output tokens in all: "
-                         + _limits.beyond("MAX_REPLAY_TOKENS", total))
     _prefix_columns(df, source)
     _block_hashes(df, source)
+    total = int(df["output_tokens"].sum()) + _shared_prefix_tokens(df)
+    if total > _limits.MAX_REPLAY_TOKENS:
+        raise ValueError(f"{source}: {total:,} output and shared-prefix tokens in all: "
+                         + _limits.beyond("MAX_REPLAY_TOKENS", total))
     was_sorted = bool(np.all(np.diff(arrival) >= 0))
     if not was_sorted:
         df = df.sort_values("arrival_s", kind="stable")

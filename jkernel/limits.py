@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = ["Limit", "LIMITS", "MAX_DOCUMENT_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES",
            "MAX_DOCUMENT_INTEGER", "MAX_CLUSTER_NODES", "MAX_GPUS_PER_NODE",
-           "MAX_CLUSTER_GPUS", "MAX_DATA_PARALLEL", "MAX_WIDTH", "MAX_LAYERS", "MAX_BATCH_REQUESTS",
+           "MAX_CLUSTER_GPUS", "MAX_DATA_PARALLEL", "MAX_WIDTH", "MAX_GRAPH_NODES", "MAX_LAYERS", "MAX_BATCH_REQUESTS",
            "MAX_REQUESTS", "MAX_REPLAY_TOKENS", "MAX_ARRIVAL_S", "MAX_PLAN_GPUS",
            "MAX_PLAN_CANDIDATES", "MAX_WORKERS", "INT32_MAX", "beyond"]
 
@@ -70,6 +70,10 @@ LIMITS: tuple[Limit, ...] = (
           "experts, windows) and of a Hugging Face config.json",
           "products of two widths stay exact in float64; the widest shipped is a 248,320 "
           "vocabulary"),
+    Limit("MAX_GRAPH_NODES", 4096,
+          "nodes of a model graph, over its layer kinds and head",
+          "each node is a term of the compiled step program; the largest shipped graph has "
+          "40"),
     Limit("MAX_LAYERS", 1024,
           "decoder layers of a model (a graph's expanded stack, a config's "
           "num_hidden_layers and MTP layers)",
@@ -108,6 +112,7 @@ MAX_GPUS_PER_NODE: int = _BY_NAME["MAX_GPUS_PER_NODE"].value
 MAX_CLUSTER_GPUS: int = _BY_NAME["MAX_CLUSTER_GPUS"].value
 MAX_DATA_PARALLEL: int = _BY_NAME["MAX_DATA_PARALLEL"].value
 MAX_WIDTH: int = _BY_NAME["MAX_WIDTH"].value
+MAX_GRAPH_NODES: int = _BY_NAME["MAX_GRAPH_NODES"].value
 MAX_LAYERS: int = _BY_NAME["MAX_LAYERS"].value
 MAX_BATCH_REQUESTS: int = _BY_NAME["MAX_BATCH_REQUESTS"].value
 MAX_REQUESTS: int = _BY_NAME["MAX_REQUESTS"].value

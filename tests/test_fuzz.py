@@ -206,6 +206,8 @@ def test_any_request_table_is_validated_or_refused_naming_the_source(df):
 def kernel():
     k = jkernel.open(SCENARIO, buckets=(16,))      # one bucket: one compiled program
     k.warm_up()
+    for dtype in (None, np.float32):               # and the bulk program of (4, 16) arrays
+        k.price_many(scheduled=np.ones((4, 16), np.int32), dtype=dtype)
     return k
 
 
@@ -235,7 +237,7 @@ def test_any_batch_prices_finite_and_monotone_or_names_the_argument(kernel, rows
 
 
 @FUZZ
-@given(st.lists(st.lists(token, min_size=16, max_size=16), min_size=1, max_size=4),
+@given(st.lists(st.lists(token, min_size=16, max_size=16), min_size=4, max_size=4),
        st.sampled_from([None, np.float32, np.float64, np.int32, np.float16, "x"]))
 def test_any_bulk_arrays_price_finite_or_name_the_argument(kernel, rows, dtype):
     try:

@@ -206,6 +206,14 @@ def test_a_graph_stack_past_the_layer_limit_is_refused():
     assert f"{limits.MAX_LAYERS + 1:,} layers" in str(err)
 
 
+def test_a_graph_of_too_many_nodes_is_refused_before_they_are_parsed():
+    """Aliases let a few kilobytes list a million nodes, each a term of the step program."""
+    g = _graph()
+    g["layer_kinds"][0]["nodes"] = g["layer_kinds"][0]["nodes"] * 500
+    err = refusal_of(lambda: parse_graph(g, "graph.yaml"))
+    assert err.field == "layer_kinds" and "MAX_GRAPH_NODES" in str(err)
+
+
 def test_a_graph_width_past_the_limit_is_refused():
     g = _graph()
     g["global"]["hidden_size"] = 10 ** 12

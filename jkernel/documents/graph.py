@@ -297,6 +297,11 @@ def parse_graph(data: Any, file: str | None = None, expected_name: str | None = 
     modality = r.str("modality", "text_only",
                      choices=("text_only", "text_decoder_of_multimodal"))
     kinds_raw = r.list("layer_kinds", required=True, min_len=1)
+    nodes = sum(len(x) for x in [k.get("nodes") for k in kinds_raw if isinstance(k, dict)]
+                + [r.data.get("head")] if isinstance(x, list))
+    if nodes > _limits.MAX_GRAPH_NODES:          # counted before any node is parsed
+        raise r.error("layer_kinds", f"{nodes:,} nodes: "
+                      + _limits.beyond("MAX_GRAPH_NODES", nodes))
     kinds = []
     for i, kd in enumerate(kinds_raw):
         kr = Reader(kd, file, f"layer_kinds[{i}]")

@@ -1,5 +1,6 @@
 """One set of argument checks for every entry point (``Batch``, ``step_time``,
-``price_many``, ``price_sweep``, the methods around a step and the command line).
+``price_many``, ``price_sweep``, the methods around a step, the kernel's own arguments —
+buckets, params, options, pool, Placement —, the replay's kernels and the command line).
 
 Every check raises :class:`ArgumentError` — a ``ValueError`` whose ``argument`` attribute
 names the argument and whose message starts with it — before anything is traced, so a bad
@@ -8,6 +9,7 @@ value never reaches a compiled program and never fails there as a raw ``Overflow
 
 Token counts are whole numbers in ``[0, 2³¹)`` (the programs read them as int32); the step's
 scalars likewise, except ``pad_tokens``, where a negative count means no padding (D27).
+The largest values taken are in :mod:`jkernel.limits` (docs/limits.md).
 """
 
 from __future__ import annotations

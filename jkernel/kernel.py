@@ -376,8 +376,8 @@ class Kernel:
         if not isinstance(options, StepOptions):
             raise ArgumentError("options", f"must be a jkernel.StepOptions, not {options!r}")
         self.buckets = _v.buckets(buckets)
-        self.params = resolved.params if params is None else params
-        if not isinstance(self.params, Params) or set(self.params) != set(resolved.params):
+        self.params = resolved.params if params is None else _v.params_mapping(params, Params)
+        if set(self.params) != set(resolved.params):
             raise ArgumentError("params", "must be a jkernel.Params with exactly the kernel's "
                                 f"names: {sorted(resolved.params)}")
         self._c = _compiled(self.plan, options, tuple(self.params))
@@ -389,7 +389,8 @@ class Kernel:
     # -- construction helpers -----------------------------------------------------------
     def with_params(self, params: Params) -> "Kernel":
         """A kernel that prices with ``params`` (same names); shares compiled programs."""
-        return Kernel(self._r, options=self.options, buckets=self.buckets, params=params)
+        return Kernel(self._r, options=self.options, buckets=self.buckets,
+                      params=_v.params_mapping(params, Params))
 
     def with_options(self, options: StepOptions) -> "Kernel":
         return Kernel(self._r, options=options, buckets=self.buckets, params=self.params)

@@ -15,6 +15,7 @@ The largest values taken are in :mod:`jkernel.limits` (docs/limits.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from numbers import Integral, Real
 
 import numpy as np
@@ -24,7 +25,7 @@ from .limits import INT32_MAX
 __all__ = ["ArgumentError", "INT32_MAX", "tokens_array", "tokens_matrix", "whole",
            "step_scalars", "scalar_column", "amount", "positive", "buckets", "bucket_sizes",
            "PRICE_DTYPES", "price_dtype", "pool_selector", "chunk", "params_values",
-           "placement_pool", "finite", "kernel", "disaggregated_pair"]
+           "placement_pool", "finite", "kernel", "disaggregated_pair", "params_mapping"]
 
 class ArgumentError(ValueError):
     """A bad argument to a jkernel call. ``argument`` names it; ``reason`` says what is
@@ -271,6 +272,17 @@ def params_values(names, flat, chip_names) -> None:
             i = int(np.flatnonzero(col < 0)[0])
             raise ArgumentError("params", f"{name} is {col[i]:g}{where.format(i)}; it is a "
                                 "time and must be ≥ 0")
+
+
+def params_mapping(value, params_type):
+    """``value`` as ``params_type`` (:class:`jkernel.Params`): a Params as it is, another
+    mapping of names to values converted."""
+    if isinstance(value, params_type):
+        return value
+    if not isinstance(value, Mapping):
+        raise ArgumentError("params", f"must be a jkernel.Params (a mapping of names to "
+                            f"values), not {type(value).__name__}")
+    return params_type(value)
 
 
 def placement_pool(name: str, placement, roles) -> None:

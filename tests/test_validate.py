@@ -225,6 +225,11 @@ def test_legitimate_params_still_build(k):
 
 def test_with_params_needs_params(k):
     assert argument_of(lambda: k.with_params({})) == "params"
+    assert argument_of(lambda: k.with_params(None)) == "params"
+    assert argument_of(lambda: k.with_params([1.0])) == "params"
+    same = k.with_params(dict(k.params))              # a plain mapping of the names works
+    b = Batch.from_spec("4x1@100")
+    assert same.step_time(b).expected_s == k.step_time(b).expected_s
 
 
 @pytest.mark.parametrize("rows, argument", [([(1,)], "requests[0]"), ([1], "requests[0]"),

@@ -47,6 +47,7 @@ requested load.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -799,6 +800,25 @@ def _replay_task(args):
     return replay_candidate(cand, wl, repos, hint)
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore SIGINT in this (main) thread while worker processes are spawned: a spawned
+    process inherits the ignored disposition and Python keeps it, so a Ctrl-C that reaches
+    a worker still importing (before :func:`_init_worker` runs) neither kills it nor prints
+    its traceback; the parent stops the workers itself."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Runner:
     """Maps a task over items: in this process, on spawned worker processes, or on Ray.
     Results come back in item order whatever the executor, so every way gives one table."""
@@ -868,7 +888,8 @@ class _Runner:
         if self._pool is not None:
             from concurrent.futures import as_completed
 
-            futs = {self._pool.submit(fn, it): i for i, it in enumerate(items)}
+            with _sigint_ignored():        # workers start ignoring Ctrl-C (see below)
+                futs = {self._pool.submit(fn, it): i for i, it in enumerate(items)}
             for f in as_completed(futs):
                 i = futs[f]
                 out[i] = f.result()

@@ -330,7 +330,7 @@ def disaggregated_pair(prefill, decode) -> None:
     colocated pool, or a 70B prefill pool beside an 8B decode pool are refused."""
     kernel("prefill_kernel", prefill)
     kernel("decode_kernel", decode)
-    roles = (prefill.deployment().role, decode.deployment().role)
+    roles = (prefill.pool().role, decode.pool().role)
     if roles == ("decode", "prefill"):
         raise ArgumentError("prefill_kernel", "is the decode pool and decode_kernel the "
                             "prefill pool: pass the prefill pool first "

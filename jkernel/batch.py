@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .step import BatchArrays
+from .stages import BatchArrays
 from .validate import ArgumentError, step_scalars, tokens_array
 
 __all__ = ["Request", "Batch", "DEFAULT_BUCKETS", "bucket_for", "parse_batch_spec"]

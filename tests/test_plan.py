@@ -36,9 +36,9 @@ def test_kv_heads_replicated_below_tp_in_vllm_fraction():
     """vLLM v0.31.0 replicates KV heads when n_kv < tp: 8 KV heads at tp 16 hold one each."""
     att = _plan.AttentionPlan("gqa", 64, 8, 128)
     whole = (64 + 16) * 128
-    frac = _plan._vllm_fraction("qkv_proj", whole, 16, att)
+    frac = _plan.vllm_rank_fraction("qkv_proj", whole, 16, att)
     assert frac == pytest.approx((64 / 16 + 2 * 1) * 128 / whole)
-    assert _plan._vllm_fraction("router", 10, 8, att) == 1.0
+    assert _plan.vllm_rank_fraction("router", 10, 8, att) == 1.0
 
 
 def test_collectives_needed_covers_what_the_step_charges():
@@ -78,3 +78,4 @@ def test_unused_plan_fields_are_gone():
     names = {f.name for f in dataclasses.fields(_plan.Plan)}
     assert not names & {"suffix", "kv_kind"}
     assert not hasattr(_plan.Plan, "decode_pair")
+

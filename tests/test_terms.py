@@ -14,8 +14,9 @@ import pytest
 
 import jkernel
 from jkernel import terms
+from jkernel.stages import primary_read
 from jkernel.cli import main
-from jkernel.plan import AttentionPlan
+from jkernel.plan import AttentionPlan, ReadShape, read_shape
 
 from conftest import ROOT, catalog_kernel, spec_kernel
 
@@ -26,7 +27,7 @@ def _resource_sums(est):
     out = dict.fromkeys(jkernel.RESOURCES, 0.0)
     for per_kind in est.terms.values():
         for t in per_kind.values():
-            for r, v in zip(jkernel.RESOURCES, t[:5]):
+            for r, v in zip(jkernel.RESOURCES, t.per_resource_s):
                 out[r] += float(v)
     return out
 
@@ -167,12 +168,12 @@ def test_cli_breakdown_prints_a_table(capsys):
 
 def test_read_shape_is_none_for_a_plain_context_read():
     plan = spec_kernel().plan
-    assert terms.read_shape(plan, AttentionPlan("gqa", 8, 1, 128)) is None
-    shape = terms.read_shape(plan, AttentionPlan("swa", 8, 1, 128, window=128))
-    assert shape == terms.ReadShape(window=128)
-    assert float(terms.primary_read(shape, jnp.asarray(1000.0))) == 128.0
-    assert float(terms.primary_read(None, jnp.asarray(1000.0))) == 1000.0
-    sparse = terms.read_shape(plan, AttentionPlan("sparse_mla", 8, 1, 576, index_topk=2048))
+    assert read_shape(plan, AttentionPlan("gqa", 8, 1, 128)) is None
+    shape = read_shape(plan, AttentionPlan("swa", 8, 1, 128, window=128))
+    assert shape == ReadShape(window=128)
+    assert float(primary_read(shape, jnp.asarray(1000.0))) == 128.0
+    assert float(primary_read(None, jnp.asarray(1000.0))) == 1000.0
+    sparse = read_shape(plan, AttentionPlan("sparse_mla", 8, 1, 576, index_topk=2048))
     assert sparse.sparse_bound == 2048 and sparse.window == 0
-    assert float(terms.primary_read(sparse, jnp.asarray(100.0))) == 100.0
-    assert float(terms.primary_read(sparse, jnp.asarray(10_000.0))) == 2048.0
+    assert float(primary_read(sparse, jnp.asarray(100.0))) == 100.0
+    assert float(primary_read(sparse, jnp.asarray(10_000.0))) == 2048.0

@@ -89,6 +89,38 @@ def test_step_terms_are_named_once():
             "host serial"} <= set(est.terms[terms.STEP])
 
 
+def test_every_term_has_one_row_with_its_side():
+    """One table says each term's side: the composers and the breakdown read it, no name
+    lists. Fixed names are unique; families (GEMMs, secondary reads, collectives) are stage
+    work; every step-level term the step publishes has its row."""
+    names = [r.name for r in terms.LAYER_TERMS + terms.STEP_TERMS if r.name is not None]
+    assert len(names) == len(set(names))
+    assert all(r.side is terms.Side.STAGE for r in terms.LAYER_TERMS if r.name is None)
+    assert terms.side("any kind", "routed experts") is terms.Side.SERIAL
+    assert terms.side("any kind", "gemm qkv_proj") is terms.Side.STAGE
+    sides = {n: terms.side(terms.STEP, n) for n in ("lm head", "draft passes", "kernel gap",
+                                                    "host graph replay",
+                                                    "host kernel launches", "host serial")}
+    assert sides == {"lm head": terms.Side.STAGE, "draft passes": terms.Side.STAGE,
+                     "kernel gap": terms.Side.STAGE, "host graph replay": terms.Side.HOST,
+                     "host kernel launches": terms.Side.HOST,
+                     "host serial": terms.Side.HOST_SERIAL}
+    k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
+    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100")))
+    assert set(est.terms[terms.STEP]) == {r.name for r in terms.STEP_TERMS}
+
+
+def test_expected_only_terms_charge_no_resource():
+    """The rows the edges do not charge (the drafter, the kernel gap, the serial host time)
+    put no seconds on any resource."""
+    k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
+    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100,1x90@0")))
+    for row in terms.STEP_TERMS:
+        t = est.terms[terms.STEP][row.name]
+        if not row.edges:
+            assert all(float(v) == 0.0 for v in t.per_resource_s), row.name
+
+
 # -- the README's worked step ---------------------------------------------------------------
 
 def _readme_rows():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -16,7 +17,7 @@ from conftest import catalog_kernel
 
 
 def _table(k, spec: str):
-    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec(spec)))
+    est = jax.jit(k.step_fn)(k.params, k.batch_arrays(jkernel.Batch.from_spec(spec)))
     return est, breakdown_table(k.plan, est)
 
 

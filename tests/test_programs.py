@@ -4,6 +4,7 @@ the packed input and output layouts, and the single step as one program or two."
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,6 +14,15 @@ from jkernel.programs import (PACKED_FIELDS, SMALL_PACKED, Programs, estimate_of
 from jkernel.stages import RESOURCES, Resources
 
 from conftest import catalog_kernel
+
+
+def _programs(k) -> Programs:
+    return programs(k.plan, k.options, tuple(k.params))
+
+
+def _flat(k, p: Programs):
+    """The kernel's params packed in the programs' order."""
+    return jnp.stack([jnp.asarray(k.params[n]) for n in p.names])
 
 
 def _packed(s, c, thr=1, budget=0, pad=0, width=None) -> np.ndarray:
@@ -25,9 +35,10 @@ def _packed(s, c, thr=1, budget=0, pad=0, width=None) -> np.ndarray:
 
 def test_programs_are_shared_per_structure():
     k = catalog_kernel("llama-3.1-8b-h100-tp1")
-    p = programs(k.plan, k.options, tuple(k.params))
-    assert p is programs(k.plan, k.options, tuple(k.params))
-    assert p is k.with_params(k.params.scaled(hbm_derate=0.5))._c
+    p = _programs(k)
+    assert p is programs(k.plan, k.options, tuple(k.params)) and k.step_fn is p.step_fn
+    other = k.with_params(k.params.scaled(hbm_derate=0.5))
+    assert _programs(other) is p and other.step_fn is p.step_fn
     assert isinstance(p, Programs) and p.names == tuple(k.params)
     assert programs(k.plan, jkernel.StepOptions(smooth_temperature=0.01),
                     tuple(k.params)) is not p
@@ -67,45 +78,47 @@ def test_single_step_splits_from_the_plans_lanes(scenario, split):
     packed = _packed(np.where(rng.random(n) < 0.7, 1, rng.integers(2, 500, n)),
                      rng.integers(0, 20000, n), pad=2, width=256)
     assert packed.shape[-1] > SMALL_PACKED and p.split is None
-    got = p.step(k._flat, packed)
+    flat = _flat(k, p)
+    got = p.step(flat, packed)
     assert p.split is split
-    want = np.asarray(p.one(k._flat, packed))
+    want = np.asarray(p.one(flat, packed))
     assert got.tolist() == want.tolist()
     if split:
-        vec = p.reduce_requests(packed, k._flat.dtype)
+        vec = p.reduce_requests(packed, flat.dtype)
         assert vec.shape == (p.step_fn.lanes.size(check=True) + 3,)
 
 
 def test_sign_check_is_the_last_packed_column():
     k = catalog_kernel("llama-3.1-8b-h100-tp1")
-    p = k._c
+    p = _programs(k)
     for width in (16, 256):                       # one program, and the split path
         packed = _packed([1, -2, 5], [4, 0, -1], width=width)
-        assert p.step(k._flat, packed)[-1] == 2
+        assert p.step(_flat(k, p), packed)[-1] == 2
 
 
 def test_traces_count_new_programs_only():
     """A bucket traces once; the split's second program is one for every bucket."""
     k = catalog_kernel("llama-3.1-8b-h100-tp1")
     p = Programs(k.plan, k.options, tuple(k.params))
-    p.step(k._flat, _packed([1, 2], [3, 4], width=16))
+    flat = _flat(k, p)
+    p.step(flat, _packed([1, 2], [3, 4], width=16))
     n = p.traces
-    p.step(k._flat, _packed([5, 1], [0, 9], width=16))
+    p.step(flat, _packed([5, 1], [0, 9], width=16))
     assert p.traces == n == 1
-    p.step(k._flat, _packed([5, 1], [0, 9], width=64))    # split: the reduction + the rest
+    p.step(flat, _packed([5, 1], [0, 9], width=64))    # split: the reduction + the rest
     assert p.traces == 3
-    p.step(k._flat, _packed([5, 1], [0, 9], width=256))   # the rest is shared by buckets
+    p.step(flat, _packed([5, 1], [0, 9], width=256))   # the rest is shared by buckets
     assert p.traces == 4
 
 
 def test_jitted_step_equals_the_step_function():
     k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
     arrays = k.batch_arrays(jkernel.Batch.from_spec("8x2@500,1x300@0"))
-    a, b = k._c.step_fn(k.params, arrays), k._c.jit_step(k.params, arrays)
+    p = _programs(k)
+    a, b = p.step_fn(k.params, arrays), p.jit_step(k.params, arrays)
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=0)
-    packed = k._c.one(k._flat, k._pack(jkernel.Batch.from_spec("8x2@500,1x300@0"), None,
-                                         None, 1, 0, 0))
+    packed = p.one(_flat(k, p), _packed([2] * 8 + [300], [500] * 8 + [0], width=16))
     assert np.asarray(packed)[:8].tolist() == pytest.approx(
         [float(a.overlap_s), float(a.no_overlap_s), float(a.expected_s),
          *(float(v) for v in a.per_resource_s)], rel=1e-12)
@@ -114,7 +127,8 @@ def test_jitted_step_equals_the_step_function():
 def test_gradient_program_differentiates_one_column():
     k = catalog_kernel("llama-3.1-8b-h100-tp1")
     packed = _packed([1] * 8, [2000] * 8)
-    value, g = k._c.grad(PACKED_FIELDS.index("hbm_s"))(k._flat, packed)
-    assert float(value) == pytest.approx(float(k._c.step(k._flat, packed)[4]), rel=1e-12)
-    names = list(k._c.names)
+    p = _programs(k)
+    value, g = p.grad(PACKED_FIELDS.index("hbm_s"))(_flat(k, p), packed)
+    assert float(value) == pytest.approx(float(p.step(_flat(k, p), packed)[4]), rel=1e-12)
+    names = list(p.names)
     assert float(g[names.index("hbm_bytes_per_s")]) < 0

@@ -106,7 +106,7 @@ def test_every_term_has_one_row_with_its_side():
                      "host kernel launches": terms.Side.HOST,
                      "host serial": terms.Side.HOST_SERIAL}
     k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
-    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100")))
+    est = jax.jit(k.step_fn)(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100")))
     assert set(est.terms[terms.STEP]) == {r.name for r in terms.STEP_TERMS}
 
 
@@ -114,7 +114,7 @@ def test_expected_only_terms_charge_no_resource():
     """The rows the edges do not charge (the drafter, the kernel gap, the serial host time)
     put no seconds on any resource."""
     k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
-    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100,1x90@0")))
+    est = jax.jit(k.step_fn)(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100,1x90@0")))
     for row in terms.STEP_TERMS:
         t = est.terms[terms.STEP][row.name]
         if not row.edges:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .documents.graph import LATENT_KINDS, ModelGraph
+from .documents.graph import ModelGraph
 from .plan import KindPlan, Plan
 
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
@@ -244,7 +244,7 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
     h_act = model.hidden_size
     widths = [k.attention for k in kinds if k.attention is not None]
     if widths:
-        h_act = max(model.hidden_size if a.kind in LATENT_KINDS else a.n_q * a.d_h
+        h_act = max(model.hidden_size if a.kind.latent else a.n_q * a.d_h
                     for a in widths)
     weights, redundant_bytes = _weights(model, kinds, head, tp=tp,
                                         experts_per_rank=experts_per_rank, shards=shards,

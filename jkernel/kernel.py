@@ -285,7 +285,7 @@ class Kernel:
         """Host time before a request of ``prompt_tokens`` (whole, ≥ 0) is scheduled, s.
 
         methods.md prices ``prompt_tokens ≤ 0`` as 0; only 0 reaches that branch here: a
-        negative, fractional or NaN count is refused as ``Batch`` refuses it (issue 10)."""
+        negative, fractional or NaN count is refused as ``Batch`` refuses it (one validation for every entry point)."""
         t = _v.whole("prompt_tokens", prompt_tokens)
         return float(_overheads.admission_overhead(self.params, t))
 

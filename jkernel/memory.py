@@ -3,7 +3,7 @@
 Two recipes, selected by the scenario's ``engine_version``:
 
 * **vLLM v0.29.0 and later: the spec's recipe** (memory.md §4–§5). The spec's memory
-  magnitudes are those of the vLLM 0.29 rules pack (documents.md §7.3, D11) and its pins are
+  magnitudes are those of the vLLM 0.29 rules pack (documents.md §9, D11) and its pins are
   declared at 0.29.0 and 0.31.0, so from 0.29.0 on the spec governs. Weights and KV geometry
   come from the plan (coefficient-free); activation, CUDA-graph and communicator magnitudes
   are registry coefficients read from the params pytree (so tripling them changes

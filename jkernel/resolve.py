@@ -955,7 +955,7 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
             rec.assume(name, "absent", reason)
     # methods.md §5: tier_time caps every known storage class by host_link_bandwidth, so an
     # applicable entry is lifted even without offload tiers; only its absence is recorded
-    # conditionally (§5.2).
+    # conditionally (resolution.md §5.2).
     if "host_link_bandwidth" in chosen:
         used.add("host_link_bandwidth")
     # jkernel's own expected_s constants: defaults until a step-trace fit

@@ -209,12 +209,17 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     with the trainval prefix-cache columns of hypothesis ``prefix``; the first ``limit``
     requests only when given."""
     from jkernel.replay import load_requests
+    from jkernel.replay.workload import validate_requests
 
-    df = load_requests(run.requests)
+    if run.source != "trainval":
+        df = load_requests(run.requests)
+    else:
+        # trainval's own ``prefix_group`` names the system prompt, not the replay's column of
+        # that name: the hypothesis's columns replace it before the table is validated.
+        raw = pd.read_csv(run.requests)
+        df = validate_requests(_prefix_columns(raw, prefix, block), source=str(run.requests))
     if limit:
         df = df.head(limit).copy()
-    if run.source == "trainval":
-        df = _prefix_columns(df, prefix, block)
     return df
 
 

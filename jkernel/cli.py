@@ -42,7 +42,7 @@ def _ms(seconds: float) -> str:
 
 def _title(k) -> str:
     sc = k.inputs.scenario
-    pool = k.deployment()
+    pool = k.pool()
     return (f"{sc.name}: {sc.model} on {sc.cluster.hardware}, pool {k.inputs.pool_index} "
             f"({pool.role}), tp {k.plan.tp} dp {k.plan.dp} ep {k.plan.ep}")
 
@@ -56,7 +56,7 @@ def _cmd_price(args) -> int:
     out = []
     for k in _kernels(args):
         est = k.step_time(batch)
-        row = {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
+        row = {"scenario": k.inputs.scenario.name, "pool": k.pool().role,
                "batch": args.batch, "requests": len(batch), "tokens": batch.tokens(),
                "expected_s": est.expected_s, "overlap_s": est.overlap_s,
                "no_overlap_s": est.no_overlap_s, "per_resource_s": est.resources(),
@@ -89,18 +89,17 @@ def _memory_row(k) -> dict:
     """The memory comparison's terms for one pool (memory.md; jkernel/memory.py rules)."""
     from . import memory as _mem
     fb = k.fixed_bytes()
-    mem = k._r.memory
+    mem = k.memory_plan
     page = k.page_bytes()
     pages = k.kv_cache_pages()
     block = k.plan.block_size
-    util = k.settings["gpu_memory_utilization"]
+    util = k.settings.gpu_memory_utilization
     device = k.device_memory_bytes()
     budget = device * util
-    engine = getattr(k.deployment(), "engine", None)
-    max_len = int(getattr(engine, "max_model_len", 0) or 0)
+    max_len = k.pool().engine.max_model_len          # as stated; 0: unstated
     rules = mem.rules
     applied = _mem.rule_summary(mem)
-    return {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
+    return {"scenario": k.inputs.scenario.name, "pool": k.pool().role,
             "engine_version": k.inputs.scenario.engine_version,
             "recipe": "jkernel's recipe (vLLM v0.29 on)" if rules.spec_recipe
             else "vLLM V1 start-up profile",
@@ -199,13 +198,13 @@ def _cmd_catalog(args) -> int:
 def _provenance_row(k) -> dict:
     ev, total, assumed = k.evidence()
     return {"scenario": k.inputs.scenario.name, "pool": k.inputs.pool_index,
-            "role": k.deployment().role, "evidenced": ev, "values": total,
+            "role": k.pool().role, "evidenced": ev, "values": total,
             "assumed": list(assumed),
             "entries": [{"name": p.name, "set": p.set, "method": p.method, "scope": p.scope}
                         for p in k.provenance()],
             "overrides": [{"field": o.field, "requested": o.requested,
                            "resolved": o.resolved, "reason": o.reason}
-                          for o in k.resolved().overrides]}
+                          for o in k.resolution().overrides]}
 
 
 def _cmd_provenance(args) -> int:
@@ -220,7 +219,7 @@ def _cmd_provenance(args) -> int:
         print(f"  {ev} of {total} values evidenced; {len(assumed)} assumed")
         for p in k.provenance():
             print(f"  {p.name:<56} {p.set:<28} {p.method:<12} {p.scope}")
-        res = k.resolved()
+        res = k.resolution()
         for o in res.overrides:
             print(f"  override {o.field}: {o.requested!r} → {o.resolved!r} ({o.reason})")
     return 0

@@ -57,8 +57,8 @@ from typing import Any
 import numpy as np
 
 from . import catalog as _catalog
-from . import memory as _memory
 from .errors import Refusal
+from .startup import check_start, request_pages
 
 __all__ = ["Fleet", "Workload", "PoolSpec", "Candidate", "PlanResult", "fleet",
            "enumerate_candidates", "build_pool", "prescreen", "replay_candidate", "workload",
@@ -345,9 +345,9 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
     inputs = replace(_base_inputs(cand, repos), scenario=scenario, deployment=deployment,
                      pool_index=index)
     k = new(inputs)
-    # The engine's start-up refusal (jkernel.memory.start_refusal, vLLM v0.31.0), asked of
+    # The engine's start-up refusal (jkernel.startup.start_refusal, vLLM v0.31.0), asked of
     # one request of the workload's length (the planner sizes max_model_len to it).
-    _memory.check_start(k, max_model_len=max(wl.isl + wl.osl, 1), pool=f"pools[{index}]",
+    check_start(k, max_model_len=max(wl.isl + wl.osl, 1), pool=f"pools[{index}]",
                         what="a workload request")
     return k
 
@@ -377,7 +377,7 @@ def _price_rows(k, rows: list[list[tuple[int, int]]]):
     for j, r in enumerate(rows):
         for i, (a, b) in enumerate(r):
             s[j, i], c[j, i] = a, b
-    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings["decode_threshold"])
+    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings.decode_threshold)
 
 
 def _resource(index: int) -> str:
@@ -399,8 +399,8 @@ def _colocated_screen(k, wl: Workload) -> dict:
     * *chunk*: the decodes beside a full prefill chunk: TTFT ≈ ``ceil(isl / chunk) · t``.
     """
     st = k.settings
-    budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
-    per_req = _memory.request_pages(k, wl.isl + wl.osl)
+    budget, max_seqs = st.max_num_batched_tokens, st.max_num_seqs
+    per_req = request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
     grid = _grid(b_max)
@@ -426,10 +426,10 @@ def _colocated_screen(k, wl: Workload) -> dict:
 
 def _decode_screen(k, wl: Workload) -> dict:
     st = k.settings
-    per_req = _memory.request_pages(k, wl.isl + wl.osl)
+    per_req = request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
-    b_max = max(1, min(st["max_num_seqs"], kv_pages // max(per_req, 1),
-                       st["max_num_batched_tokens"]))
+    b_max = max(1, min(st.max_num_seqs, kv_pages // max(per_req, 1),
+                       st.max_num_batched_tokens))
     grid = _grid(b_max)
     ctx = wl.isl + wl.osl // 2
     est = _price_rows(k, [[(1, ctx)] * int(b) for b in grid])
@@ -441,7 +441,7 @@ def _decode_screen(k, wl: Workload) -> dict:
 
 def _prefill_screen(k, wl: Workload) -> dict:
     """Prefill replica: full steps of ``max_num_batched_tokens`` prompt tokens."""
-    budget = k.settings["max_num_batched_tokens"]
+    budget = k.settings.max_num_batched_tokens
     per_step = max(1, budget // wl.isl)
     if wl.isl <= budget:
         rows = [[(wl.isl, 0)] * per_step, [(wl.isl, 0)]]

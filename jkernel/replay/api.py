@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
 from .sim import Pool, Simulation, ticks
@@ -152,12 +153,11 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
 
 
 def _check_start(pool: Pool) -> None:
-    """vLLM's start-up refusal for the pool (:func:`jkernel.memory.check_start`): no KV page
-    left, or a max_model_len the cache cannot hold. Raises :class:`jkernel.Refusal`."""
-    from .. import memory as _memory
-
+    """vLLM's start-up refusal for the pool (:func:`jkernel.startup.check_start`): no KV page
+    left, or a max_model_len (the kernel's resolved one) the cache cannot hold. Raises
+    :class:`jkernel.Refusal`."""
     lim = pool.limits
-    _memory.check_start(pool.kernel, max_model_len=lim.max_model_len or None,
+    check_start(pool.kernel, max_model_len=lim.max_model_len or None,
                         pool=f"pools[{pool.kernel.inputs.pool_index}]")
 
 

@@ -342,9 +342,15 @@ def p_norm(a, b, order):
     big = jnp.maximum(a, b)
     ok = big > 0
     safe = jnp.where(ok, big, 1.0)
-    # scaled by the larger term so that a large order never overflows
-    val = safe * jnp.power(jnp.power(jnp.where(ok, a, 0.0) / safe, p)
-                           + jnp.power(jnp.where(ok, b, 0.0) / safe, p), 1.0 / p)
+    def pw(x):
+        # (x / larger)^p in [0, 1], scaled so that a large order never overflows, with the
+        # double where: 0^p has no finite derivative in p
+        r = jnp.where(ok, x, 0.0) / safe
+        pos = r > 0
+        return jnp.where(pos, jnp.exp(p * jnp.log(jnp.where(pos, r, 1.0))), 0.0)
+
+    total = pw(a) + pw(b)                  # ≥ 1 where ok: the larger term contributes 1
+    val = safe * jnp.exp(jnp.log(jnp.where(ok, total, 1.0)) / p)
     return jnp.where(ok, val, jnp.zeros_like(val))
 
 

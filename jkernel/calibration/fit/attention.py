@@ -46,8 +46,8 @@ prompts of ``isl`` tokens does ``attn_work = batch·causal_pairs(isl, 0)·n_q·d
 
 with the chip's bf16 peak and the bf16 token ramp the chip ships (the GEMM fit's ε_max, m½;
 the step prices prefill attention through the plain ramp even when the shape-aware one is
-on). Only rows without a window are fitted: the registry has one prefill pair for every
-kind, and windowed rows, whose FLOPs the law counts with ``windowed_pairs``, want a work
+on). Only rows of vLLM's prefill kernel with a bf16 cache (:data:`PREFILL_KERNELS`) without a
+window are fitted: the registry has one prefill pair for every kind, and windowed rows, whose FLOPs the law counts with ``windowed_pairs``, want a work
 scale about four times lower on every chip (they are reported as a separate slice).
 
 Reference curves: the spec's reference pairs (documents.md §8.7), with the reference
@@ -67,7 +67,7 @@ from .base import (REFERENCE, ErrorRow, ErrorStats, Param, PrimitiveFit, Problem
                   plot_series, slices_table, solve)
 
 __all__ = ["fit_decode_attention", "fit_prefill_attention", "prefill_work", "DECODE_KERNELS",
-           "DECODE_ROW_NAMES"]
+           "PREFILL_KERNELS", "DECODE_ROW_NAMES"]
 
 KINDS = ("", "swa")
 
@@ -78,6 +78,10 @@ DECODE_KERNELS = {"h100": "vllm_flash_attn_fa3", "h200": "vllm_flash_attn_fa3",
                   "a100-sxm": "vllm_flash_attn", "l40s": "vllm_flash_attn_fa2",
                   "b200": "vllm_flashinfer_trtllmdecode",
                   "b300": "vllm_flashinfer_trtllmdecode"}
+#: The prefill kernel vLLM runs per chip (the same backends; FlashInfer's TRT-LLM prefill
+#: kernels on data-centre Blackwell), by the tables' ``kernel_source``.
+PREFILL_KERNELS = {**DECODE_KERNELS, "b200": "vllm_flashinfer_trtllmprefill",
+                   "b300": "vllm_flashinfer_trtllmprefill"}
 #: The KV-cache dtype the fitted pairs describe (vLLM's default cache dtype is the model's).
 DECODE_KV_DTYPE = "bf16"
 #: The shape parameters of the decode law, shared by the kinds.
@@ -296,6 +300,15 @@ def fit_prefill_attention(obs, chip_doc, ramp: dict, *, chip: str, heldout: floa
     ``ramp``: the bf16 ramp the chip ships, ``{"eps_max": ..., "m_half": ...}``.
     """
     t0 = time.perf_counter()
+    notes = []
+    kernel = PREFILL_KERNELS.get(chip)
+    use = obs.kv_dtype == DECODE_KV_DTYPE
+    if kernel is not None and np.any(use & (obs.kernel == kernel)):
+        use &= obs.kernel == kernel
+        notes.append(f"fitted on vLLM's prefill kernel on {chip}, {kernel}, with a "
+                     f"{DECODE_KV_DTYPE} cache ({int((~use).sum())} rows of other kernels or "
+                     "cache dtypes not fitted)")
+    obs = obs.select(use)
     plain = obs.select(obs.window == 0)
     if len(plain) == 0:
         raise ValueError(f"{obs.source}: no prefill rows without a window")
@@ -310,8 +323,8 @@ def fit_prefill_attention(obs, chip_doc, ramp: dict, *, chip: str, heldout: floa
     sol = solve(prob, steps=steps, lr=lr, delta=delta)
     variants = {"fitted": (prob, sol.values)}
     ref = REFERENCE.get(chip, {})
-    notes = [f"priced through the bf16 ramp the chip ships (ε_max {ramp['eps_max']:.4g}, "
-             f"m½ {ramp['m_half']:.4g}) at the bf16 peak {peak / 1e12:.1f} TFLOP/s"]
+    notes.append(f"priced through the bf16 ramp the chip ships (ε_max {ramp['eps_max']:.4g}, "
+                 f"m½ {ramp['m_half']:.4g}) at the bf16 peak {peak / 1e12:.1f} TFLOP/s")
     if ref.get("prefill") is not None:
         e, m = ref["gemm"]["bf16"]
         rprob = Problem((), _prefill_predict, prob.fit_rows, prob.held_rows,

@@ -170,9 +170,7 @@ def chunked(fn, arrays: tuple[np.ndarray, ...], chunk: int, *, columns: int, axi
     gives the program that skips the offsets) instead of being copied; the rest is staged
     in reused aligned buffers."""
     n = arrays[0].shape[0]
-    chunk = int(chunk)
-    if chunk < 1:
-        raise ArgumentError("chunk", f"must be ≥ 1, got {chunk}")
+    chunk = _v.chunk(chunk)
     if n == 0:
         empty = np.zeros((0, columns))
         return empty if not sets else np.zeros((sets, 0, columns))

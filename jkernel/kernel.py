@@ -27,7 +27,7 @@ from .bulk import chunked, many_inputs, raise_negative
 from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
-from .params import Params
+from .params import CHIP_NAMES, Params
 from .plan import Plan
 from .documents import Pool
 from .resolve import (EngineSettings, Inputs, Resolution, Resolved, open_inputs as _open_inputs,
@@ -218,19 +218,24 @@ class Kernel:
         self._resolved = resolved
         self.plan = resolved.plan
         self.options = options
-        self.buckets = tuple(sorted(buckets))
-        self.params = resolved.params if params is None else params
+        if not isinstance(options, StepOptions):
+            raise ArgumentError("options", f"must be a jkernel.StepOptions, not {options!r}")
+        self.buckets = _v.buckets(buckets)
+        self.params = resolved.params if params is None else _v.params_mapping(params, Params)
         if set(self.params) != set(resolved.params):
-            raise ValueError("params must have exactly the kernel's names: "
-                             f"{sorted(resolved.params)}")
+            raise ArgumentError("params", "must be a jkernel.Params with exactly the kernel's "
+                                f"names: {sorted(resolved.params)}")
         self._programs = _compiled(self.plan, options, tuple(self.params))
         self.step_fn = self._programs.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
+        if params is not None:                  # the documents' own are checked as read
+            _v.params_values(self._programs.names, self._flat, CHIP_NAMES)
 
     # -- construction helpers -----------------------------------------------------------
     def with_params(self, params: Params) -> "Kernel":
         """A kernel that prices with ``params`` (same names); shares compiled programs."""
-        return Kernel(self._resolved, options=self.options, buckets=self.buckets, params=params)
+        return Kernel(self._resolved, options=self.options, buckets=self.buckets,
+                      params=_v.params_mapping(params, Params))
 
     def with_options(self, options: StepOptions) -> "Kernel":
         return Kernel(self._resolved, options=options, buckets=self.buckets, params=self.params)
@@ -335,13 +340,14 @@ class Kernel:
         from .terms import breakdown_table
 
         if not isinstance(batch, Batch):
-            raise TypeError(f"breakdown takes a jkernel.Batch, not {type(batch).__name__}")
+            raise ArgumentError("batch", f"breakdown takes a jkernel.Batch, not "
+                                f"{type(batch).__name__}")
         return breakdown_table(self.plan, self._programs.jit_step(self.params,
                                                            self.batch_arrays(batch)))
 
     def warm_up(self, buckets: Sequence[int] | None = None) -> None:
         """Compile the step program for every bucket ahead of time."""
-        for size in buckets or self.buckets:
+        for size in self.buckets if buckets is None else _v.bucket_sizes("buckets", buckets):
             packed = np.zeros(2 * size + 3, np.int32)
             packed[-3] = 1
             self._programs.step(self._flat, packed)
@@ -364,7 +370,7 @@ class Kernel:
         """
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
-        flat = self._flat if dtype is None else self._flat.astype(dtype)
+        flat = self._flat if dtype is None else self._flat.astype(_v.price_dtype(dtype))
         return _estimates(chunked(
             lambda *x: self._programs.many(flat, *x), arrays, chunk, columns=len(_PACK),
             at=lambda o: functools.partial(self._programs.at(o, False), flat)))
@@ -391,6 +397,7 @@ class Kernel:
         if flat.ndim != 2:
             raise ArgumentError("params", "a single Params needs leaves with a leading "
                                 "param-set axis (or pass a list of Params)")
+        _v.params_values(self._programs.names, flat, CHIP_NAMES)
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
         rows = chunked(lambda *x: self._programs.sweep(flat, *x), arrays, chunk,
@@ -453,6 +460,7 @@ class Kernel:
         for name, p in (("src", src), ("dst", dst)):
             if not isinstance(p, _overheads.Placement):
                 raise ArgumentError(name, f"must be a jkernel.Placement, not {p!r}")
+            _v.placement_pool(name, p, [q.role for q in self.inputs.deployment.pools])
         return float(_overheads.pd_transfer_time(
             self.params, t, kv_bytes_per_token=self.plan.kv_bytes_per_token,
             same_node=src.node == dst.node,

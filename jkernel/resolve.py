@@ -272,6 +272,9 @@ def _need(path: Path, what: str, name: str) -> Path:
 
 
 def _pool_index(dep: Deployment, pool: int | str) -> int:
+    from .validate import pool_selector
+
+    pool = pool_selector(pool)
     if isinstance(pool, str) and not pool.isdigit():
         roles = [p.role for p in dep.pools]
         if pool not in roles:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .. import validate as _v
 from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
@@ -173,13 +174,14 @@ def _progress_bar(show: bool, total: int):
 
 def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
          clients: Clients | None = None, window: Window | None = None) -> ReplayResult:
-    source = requests.attrs.get("source", "requests")
+    source = getattr(requests, "attrs", {}).get("source", "requests")
     df = validate_requests(requests, source=source)
     if clients is not None and not isinstance(clients, Clients):
-        raise TypeError(f"clients must be a jkernel.replay.Clients, not "
-                        f"{type(clients).__name__}")
+        raise _v.ArgumentError("clients", f"must be a jkernel.replay.Clients, not "
+                               f"{type(clients).__name__}")
     if window is not None and not isinstance(window, Window):
-        raise TypeError(f"window must be a jkernel.replay.Window, not {type(window).__name__}")
+        raise _v.ArgumentError("window", f"must be a jkernel.replay.Window, not "
+                               f"{type(window).__name__}")
     sessions = sessions_of(df, source)
     rejected, reasons = _reject(df, [p.limits for p in pools])
     for p in pools:
@@ -336,6 +338,7 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
         (:class:`~jkernel.replay.Window`); None: every request counts.
     """
     del seed
+    _v.kernel("kernel", kernel)
     return _run([Pool(kernel, clock=clock)], requests, progress, clients, window)
 
 
@@ -348,6 +351,7 @@ def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, 
     transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
     """
     del seed
+    _v.disaggregated_pair(prefill_kernel, decode_kernel)
     pre = Pool(prefill_kernel, name="prefill", clock=clock)
     dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
     return _run([pre, dec], requests, progress, clients, window)

@@ -210,7 +210,15 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     requests only when given."""
     from jkernel.replay import load_requests
 
-    df = load_requests(run.requests)
+    if run.source == "trainval":
+        # the trainval files name each request's prefix_group with its length in
+        # shared_prefix_tokens; the replay's reader wants the pair (prefix_group,
+        # prefix_length), which _prefix_columns then sets by the hypothesis
+        raw = pd.read_csv(run.requests)
+        raw["prefix_length"] = raw["shared_prefix_tokens"]
+        df = load_requests(raw)
+    else:
+        df = load_requests(run.requests)
     if limit:
         df = df.head(limit).copy()
     if run.source == "trainval":

@@ -16,7 +16,8 @@ scored by the median |log(predicted / measured)|:
   (``jkernel.calibration.fit.attention.DECODE_KERNELS``), unwindowed and windowed (the
   ``_swa`` pair where stated), by :func:`jkernel.laws.decode_attention_time` (the row floor
   absent: step.md §6.3's floor + bytes/rate);
-* ``prefill attention``: unwindowed rows, at the chip's bf16 token ramp;
+* ``prefill attention``: unwindowed bf16-KV rows of vLLM's prefill kernel
+  (``PREFILL_KERNELS``), at the chip's bf16 token ramp;
 * ``fused MoE``: rows of vLLM's fused-MoE kernels
   (``jkernel.calibration.fit.moe.MOE_KERNELS``) by ``expected_s``'s routed term: the
   fused-MoE law where the catalog states its constants, else ``max(compute, memory)`` at
@@ -122,11 +123,14 @@ def _decode(obs, chip, v) -> dict[str, tuple[float, int]]:
                                               sub.latency_s[sub.kv_bytes >= 2e8])}
 
 
-def _prefill(obs, doc, v) -> dict[str, tuple[float, int]]:
+def _prefill(obs, chip, doc, v) -> dict[str, tuple[float, int]]:
     from jkernel import laws
-    from jkernel.calibration.fit.attention import prefill_work
+    from jkernel.calibration.fit.attention import (DECODE_KV_DTYPE, PREFILL_KERNELS,
+                                                   prefill_work)
 
-    held = obs.held_mask(0.2, 0) & (obs.window == 0)
+    held = obs.held_mask(0.2, 0) & (obs.window == 0) & (obs.kv_dtype == DECODE_KV_DTYPE)
+    if chip in PREFILL_KERNELS and np.any(held & (obs.kernel == PREFILL_KERNELS[chip])):
+        held &= obs.kernel == PREFILL_KERNELS[chip]
     sub = obs.select(held)
     work, tokens = prefill_work(sub)
     eff = laws.ramp(tokens, v["gemm_eps_max_bf16"], v["gemm_m_half_bf16"])
@@ -193,7 +197,7 @@ def score_chip(data: Path, chip: str, catalogs: dict[str, Path]) -> dict[str, di
         if prof.decode_attention is not None:
             parts.update(_decode(prof.decode_attention, chip, v))
         if prof.prefill_attention is not None:
-            parts.update(_prefill(prof.prefill_attention, doc, v))
+            parts.update(_prefill(prof.prefill_attention, chip, doc, v))
         if prof.moe is not None:
             parts.update(_moe(prof.moe, chip, doc, v))
         for name, stat in parts.items():

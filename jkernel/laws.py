@@ -27,7 +27,8 @@ __all__ = [
     "sparse_read", "windowed_pairs", "windowed_causal_flops", "causal_pairs",
     "pcp_chunks", "pcp_local_tokens", "pcp_causal_pairs", "pcp_busiest_chunks", "smooth_max",
     "compute_time", "memory_time", "gemm_times", "routed_expert_work", "floor_plus_rate",
-    "prefill_attention_time",
+    "prefill_attention_time", "p_norm", "decode_attention_time", "tokens_per_expert",
+    "routed_expert_time",
 ]
 
 
@@ -329,3 +330,86 @@ def prefill_attention_time(work_flops, floor_s, peak_flops_per_s, efficiency, wo
     """Prefill attention with a fitted work scale: ``f_p + W/(P·ε·w_p)·sm_derate``
     (step.md §6.3; the floor is not derated)."""
     return floor_s + safe_div(work_flops, peak_flops_per_s * efficiency * work_scale) * sm_derate
+
+
+def p_norm(a, b, order):
+    """``(a^p + b^p)^(1/p)`` of two non-negative times, seconds: their sum at ``p = 1``, the
+    larger one as ``p → ∞`` (``p < 1`` counts as 1). 0 where both are 0, with a finite
+    gradient there (the double-``where`` guard)."""
+    a = jnp.asarray(a)
+    b = jnp.asarray(b)
+    p = jnp.maximum(jnp.asarray(order), 1.0)
+    big = jnp.maximum(a, b)
+    ok = big > 0
+    safe = jnp.where(ok, big, 1.0)
+    def pw(x):
+        # (x / larger)^p in [0, 1], scaled so that a large order never overflows, with the
+        # double where: 0^p has no finite derivative in p
+        r = jnp.where(ok, x, 0.0) / safe
+        pos = r > 0
+        return jnp.where(pos, jnp.exp(p * jnp.log(jnp.where(pos, r, 1.0))), 0.0)
+
+    total = pw(a) + pw(b)                  # ≥ 1 where ok: the larger term contributes 1
+    val = safe * jnp.exp(jnp.log(jnp.where(ok, total, 1.0)) / p)
+    return jnp.where(ok, val, jnp.zeros_like(val))
+
+
+def decode_attention_time(kv_bytes, rows, floor_s, rate_per_s, row_s=0.0, overlap=1.0):
+    """Decode attention of one layer on one rank, seconds: ``f + ‖(bytes/r, rows·c)‖_p``.
+
+    * ``kv_bytes``: KV-cache bytes the decodes read; ``rows``: the (request, KV head) rows
+      the kernel runs, ``decode requests × KV heads on the rank``.
+    * ``floor_s`` (f): the launch floor; ``rate_per_s`` (r): the streaming rate of a large
+      read (at most the chip's HBM bandwidth).
+    * ``row_s`` (c): the least time one row costs (its query load, softmax merge, output
+      write and smallest key tile), which the stream hides when the rows are long;
+      ``overlap`` (p ≥ 1): how much it hides, from added (``p = 1``) to hidden behind the
+      larger of the two (``p → ∞``), :func:`p_norm`.
+
+    With ``row_s ≤ 0`` this is step.md §6.3's ``floor + bytes/rate``
+    (:func:`floor_plus_rate`), whatever ``overlap``; +inf for positive bytes at a zero rate.
+    """
+    stream = safe_div(kv_bytes, rate_per_s)
+    per_row = jnp.maximum(jnp.asarray(row_s), 0.0) * jnp.asarray(rows)
+    return floor_s + jnp.where(row_s > 0, p_norm(stream, per_row, overlap), stream)
+
+
+def tokens_per_expert(assignments, touched):
+    """Token-expert assignments per touched expert (the rows of each expert's GEMM in a
+    fused MoE kernel); 0 where no expert is touched."""
+    t = jnp.asarray(touched)
+    return safe_div(assignments, t)
+
+
+def routed_expert_time(flops, weight_bytes, assignments, touched, peak_flops_per_s,
+                       bytes_per_s, floor_s=0.0, m_half=0.0, assignment_s=0.0,
+                       token_efficiency=None):
+    """A fused-MoE layer's routed experts on one rank, seconds (``expected_s``)::
+
+        floor + max(flops / (P · ε), weight_bytes / B) + assignments · c_a
+
+    * ``flops``: the rank's routed FLOPs (imbalance applied); ``weight_bytes``: the bytes of
+      the touched experts (:func:`routed_expert_work`); ``assignments``: token-expert pairs
+      routed to the rank; ``touched``: distinct experts touched on it (:func:`experts_touched`).
+    * ``floor_s``: the kernel's floor (routing, alignment, the grouped GEMMs' launches).
+    * ``m_half`` > 0: each expert's GEMM runs ``m_e`` = :func:`tokens_per_expert` rows, at
+      ``ε = m_e / (m_e + m½)`` of the peak (the grouped GEMM's own token ramp). With
+      ``m_half ≤ 0`` the efficiency is ``token_efficiency`` (the step-level ramp of
+      step.md §6.2), 1 if not given.
+    * ``assignment_s`` (c_a): the time per token-expert pair of the permute / un-permute of
+      the tokens' activations around the grouped GEMMs.
+
+    With ``floor_s = m_half = assignment_s = 0`` this is ``max(compute, memory)`` at the
+    step-level ramp, what ``expected_s`` priced before.
+    """
+    eff_tokens = 1.0 if token_efficiency is None else token_efficiency
+    me = tokens_per_expert(assignments, touched)
+    per_expert = jnp.where(me > 0, me / jnp.where(me > 0, me + jnp.maximum(m_half, 0.0), 1.0),
+                           0.0)
+    eff = jnp.where(m_half > 0, per_expert, eff_tokens)
+    compute = compute_time(flops, peak_flops_per_s, eff)
+    memory = memory_time(weight_bytes, bytes_per_s)
+    work = jnp.maximum(compute, memory)
+    extra = jnp.maximum(jnp.asarray(assignment_s), 0.0) * jnp.asarray(assignments)
+    busy = (jnp.asarray(flops) > 0) | (jnp.asarray(weight_bytes) > 0)
+    return jnp.where(busy, floor_s + work + extra, jnp.zeros_like(work + extra))

@@ -48,6 +48,7 @@ def si_scale(name: str) -> float:
     if name.startswith("collective_floor") or name.startswith("host_") \
             or (name.startswith("attention_") and "floor" in name) \
             or (name.startswith("recurrent_") and "floor" in name) \
+            or name.startswith("moe_kernel_floor") or name == "moe_assignment_time" \
             or name in ("kernel_gap", "host_serial"):
         return _MICRO
     return 1.0

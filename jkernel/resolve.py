@@ -965,6 +965,23 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
                                                      "a step-trace fit"),
                     "compute_derate": (1.0, "compute at the profiles' rate until a "
                                             "step-trace fit")}
+    # expected_s's shape constants of the decode-attention and fused-MoE laws
+    # (jkernel.laws.decode_attention_time, routed_expert_time): at these defaults the laws
+    # are step.md §6.3's and §6.2's, until a profile fit (calibration.fit.attention, .moe)
+    if facts.has_attention:
+        own_defaults["attention_decode_row_floor"] = (
+            0.0, "decode attention without a per-row time (step.md §6.3's law) until a "
+                 "profile fit")
+        own_defaults["attention_decode_overlap"] = (
+            1.0, "the per-row time added to the stream until a profile fit")
+    if facts.has_moe:
+        own_defaults[f"moe_kernel_floor_{suffix}"] = (
+            0.0, "routed experts without a kernel floor until a profile fit")
+        own_defaults["moe_m_half"] = (
+            0.0, "routed experts at the step-level token ramp (step.md §6.2) until a "
+                 "profile fit")
+        own_defaults["moe_assignment_time"] = (
+            0.0, "no time per token-expert assignment until a profile fit")
     for name, (value, reason) in own_defaults.items():
         used.add(name)
         if name not in chosen:

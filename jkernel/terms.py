@@ -97,6 +97,13 @@ class Constants:
         self.k_half = params[plan.gemm_names[3]] if plan.shape_aware else self.zero
         imb = params.get("moe_routing_imbalance_median", self.zero)
         self.imb = jnp.where(imb > 0, imb, 1.0)
+        # expected_s's shape constants (0 where absent: step.md's laws)
+        self.row_floor = params.get("attention_decode_row_floor", self.zero)
+        self.overlap = params.get("attention_decode_overlap", self.zero)
+        suffix = plan.gemm_names[0].rsplit("_", 1)[-1]
+        self.moe_floor = params.get(f"moe_kernel_floor_{suffix}", self.zero)
+        self.moe_m_half = params.get("moe_m_half", self.zero)
+        self.moe_assignment = params.get("moe_assignment_time", self.zero)
         self.ratio = params["nvlink_bytes_per_s"] / params["nic_bytes_per_s"]
         self.plan = plan
 
@@ -182,9 +189,38 @@ def routed_experts(kind: KindPlan, plan: Plan, options: StepOptions, c: Constant
         plan.expert_tensor_shards)
     sm = laws.safe_div(routed_flops, c.P * st.r_g) * st.sm_derate
     hbm = laws.memory_time(routed_bytes, c.B_hbm)
-    return Term.of(c.zero, sm=sm, hbm=hbm, expected=(options.maximum(sm, hbm)
-                                                     if options.expected_routed_max
-                                                     else sm + hbm))
+    exp = options.maximum(sm, hbm) if options.expected_routed_max else sm + hbm
+    if options.expected_refinements and options.expected_routed_max:
+        exp = jnp.where(_fused_moe_law(c), _fused_moe(kind, plan, c, st, routed_bytes), exp)
+    return Term.of(c.zero, sm=sm, hbm=hbm, expected=exp)
+
+
+def _fused_moe_law(c: Constants):
+    """Whether the fused-MoE constants are calibrated (any of them positive)."""
+    return (c.moe_floor > 0) | (c.moe_m_half > 0) | (c.moe_assignment > 0)
+
+
+def _fused_moe(kind: KindPlan, plan: Plan, c: Constants, st: StepInputs, routed_bytes):
+    """``expected_s``'s routed experts as vLLM's fused-MoE kernel runs them
+    (:func:`jkernel.laws.routed_expert_time`): the kernel's floor, each expert's grouped GEMM
+    at its own rows (tokens per touched expert), a rank's tensor slice of the expert FLOPs
+    (vLLM shards the expert intermediate dimension, refinement 1; no routing-imbalance
+    multiplier, which the per-expert ramp replaces), the touched experts' weights, and the
+    permute / un-permute of each token-expert assignment."""
+    routed = st.batch.t_gemm * plan.funnel
+    # every routed token's FLOPs on the rank's experts, then the rank's tensor slice of them
+    # (with EP off every rank holds 1/(tp·dp) of each expert: no dp_slice on top)
+    flops, _ = laws.routed_expert_work(
+        routed, kind.top_k, plan.local_expert_share, kind.expert_flops_per_token_per_expert,
+        1.0, 1.0, plan.physical_experts, plan.experts_per_rank,
+        kind.expert_weight_bytes_per_expert, plan.expert_tensor_shards)
+    assignments = routed * kind.top_k * plan.local_expert_share
+    touched = laws.experts_touched(laws.round_half_up(routed), plan.physical_experts,
+                                   kind.top_k, plan.experts_per_rank)
+    return laws.routed_expert_time(flops / plan.expert_tensor_shards, routed_bytes,
+                                   assignments, touched, c.P / st.sm_derate, c.B_hbm,
+                                   c.moe_floor, c.moe_m_half, c.moe_assignment,
+                                   token_efficiency=st.r_g)
 
 
 def shared_experts(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
@@ -230,16 +266,27 @@ def attention_decode_read(kind: KindPlan, plan: Plan, options: StepOptions, c: C
     f_p = c.params["attention_prefill_floor"]
     scaled = c.params["attention_prefill_work_scale"] > 0
 
-    def priced(T, reads):
-        hbm = jnp.where(reads & with_rate,
-                        laws.floor_plus_rate(T * plan.bpt_layer, f_dec, r_dec), 0.0)
+    # (request, KV head) rows per rank: KV heads are replicated when n_kv < tp, and a latent
+    # cache has one
+    heads = 1.0 if att.kind.latent else max(1.0, att.n_kv / plan.tp)
+
+    def priced(T, reads, requests=None):
+        if requests is None:
+            read = laws.floor_plus_rate(T * plan.bpt_layer, f_dec, r_dec)
+        else:
+            # expected_s: the shape-aware law (jkernel.laws.decode_attention_time), which is
+            # the edges' floor + bytes/rate where no row floor is calibrated
+            read = laws.decode_attention_time(T * plan.bpt_layer, requests * heads, f_dec,
+                                              r_dec, c.row_floor, c.overlap)
+        hbm = jnp.where(reads & with_rate, read, 0.0)
         if single:
             cond = reads & st.has_pre & with_rate & scaled
             hbm = hbm - jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)
         return hbm + jnp.where(reads & ~with_rate, T * plan.bpt_layer, 0.0) / c.B_hbm
 
     edge = priced(st.batch.decode_read(shape), st.has_dec)
-    exp = priced(st.batch.live_read(shape), st.has_live) if _monotone(options) else edge
+    exp = (priced(st.batch.live_read(shape), st.has_live, st.batch.n_live)
+           if _monotone(options) else edge)
     return Term.of(c.zero, hbm=edge, expected=exp)
 
 

@@ -144,9 +144,20 @@ def test_attention_moe_collectives(h100_rest):
     pre = cf.get("prefill_attention")
     assert 0 < pre.written["attention_prefill_work_scale"] < 2
     assert any(r.slice == "windowed (not fitted)" for r in pre.errors)
+    # the decode law's row term and overlap order are written; the spec's law refitted on
+    # the same rows is reported beside it
+    assert {"attention_decode_row_floor", "attention_decode_overlap"} <= set(dec.written)
+    assert dec.written["attention_decode_overlap"] >= 1.0
+    assert _row(dec, "all fitted rows", "floor + bytes/rate refitted (step.md §6.3's law)")
+    assert any(r.slice == "fp8 KV, vLLM's kernel (not fitted)" for r in dec.errors)
+    imb = cf.get("moe_imbalance")
+    assert 0.1 < imb.written["moe_routing_imbalance_median"] < 10
+    assert "moe_call_floor" not in imb.written
     m = cf.get("moe")
-    assert 0.1 < m.written["moe_routing_imbalance_median"] < 10
-    assert "moe_call_floor" not in m.written
+    assert {"moe_kernel_floor_bf16", "moe_m_half", "moe_assignment_time"} <= set(m.written)
+    assert "moe_routing_imbalance_median" not in m.written
+    assert 1e-6 < m.written["moe_kernel_floor_bf16"] < 100e-6
+    assert _row(m, "all fitted rows", "fitted").held.rows > 0
     c = cf.get("collectives")
     names = set(c.written)
     assert "collective_floor_all_reduce_fp16_8rank_h100" in names

@@ -92,3 +92,63 @@ def test_mtp_draft_layers_are_priced_in_expected_only():
     assert e0.expected_s < e1.expected_s < e2.expected_s
     # one draft pass costs about one MoE layer of the step: a 61-layer model gains ~1/61
     assert (e1.expected_s - e0.expected_s) / e0.expected_s == pytest.approx(1 / 61, rel=0.5)
+
+
+# -- the shape-aware decode law and the fused-MoE law in expected_s ---------------------------
+
+def _parts(k, batch, name):
+    """``(expected_s part, edge seconds)`` of one named term over all its layers (the
+    breakdown; the GPU side is the critical path in these steps)."""
+    t = k.breakdown(batch)
+    t = t[t["term"] == name]
+    return float(t["expected_s"].sum()), float((t["sm_s"] + t["hbm_s"]).sum())
+
+
+def test_decode_row_floor_prices_rows_in_expected_only():
+    """attention_decode_row_floor (and its overlap order) adds the (request, KV head) rows of
+    a decode to expected_s's read as jkernel.laws.decode_attention_time does; the edges keep
+    step.md §6.3's floor + bytes/rate. With the row floor at 0 (the spec's coefficient set has
+    none) expected_s's read is the edge law's."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    k = k.with_params(k.params.replace(attention_decode_row_floor=0.0))
+    batch = Batch([1] * 512, [15] * 512)                     # many rows, short contexts
+    name = "attention decode read"
+    plain = _parts(k, batch, name)
+    rows = _parts(k.with_params(k.params.replace(attention_decode_row_floor=3e-8,
+                                                 attention_decode_overlap=1.0)), batch, name)
+    assert rows[1] == pytest.approx(plain[1])
+    layers, heads = 32, 8                                     # Llama-3.1-8B, tp 1
+    assert rows[0] - plain[0] == pytest.approx(layers * 512 * heads * 3e-8, rel=1e-9)
+    # a larger order hides the rows behind the stream: never above the sum
+    hidden = _parts(k.with_params(k.params.replace(attention_decode_row_floor=3e-8,
+                                                   attention_decode_overlap=8.0)), batch, name)
+    assert plain[0] < hidden[0] < rows[0]
+
+
+def test_fused_moe_law_in_expected_only():
+    """moe_kernel_floor_<s>, moe_m_half and moe_assignment_time price expected_s's routed
+    experts by jkernel.laws.routed_expert_time; the edges keep step.md §6.2. All at 0: the
+    routed term is max(compute, memory) as before."""
+    k = catalog_kernel("mixtral-8x7b-h100-tp2")
+    names = [n for n in k.params if n.startswith("moe_kernel_floor_")]
+    assert len(names) == 1
+    zero = {names[0]: 0.0, "moe_m_half": 0.0, "moe_assignment_time": 0.0}
+    base = k.with_params(k.params.replace(**zero))
+    batch = Batch([1] * 8, [1000] * 8)
+    name = "routed experts"
+    before = _parts(base, batch, name)
+    floor = _parts(base.with_params(base.params.replace(**{names[0]: 4e-5})), batch, name)
+    assert floor[1] == pytest.approx(before[1])
+    layers = 32
+    assert floor[0] - before[0] == pytest.approx(layers * 4e-5, rel=1e-9)
+    # per assignment: 8 tokens × top-2 on every rank (tp 2, EP off)
+    per = _parts(base.with_params(base.params.replace(**{names[0]: 1e-12,
+                                                         "moe_assignment_time": 1e-8})),
+                 batch, name)
+    assert per[0] - before[0] == pytest.approx(layers * (16 * 1e-8 + 1e-12), rel=1e-6)
+    # a large prefill is compute-bound: the per-expert ramp raises it
+    big = Batch([4096], [0])
+    flat = _parts(base.with_params(base.params.replace(**{names[0]: 1e-12})), big, name)
+    ramp = _parts(base.with_params(base.params.replace(**{names[0]: 1e-12,
+                                                          "moe_m_half": 330.0})), big, name)
+    assert ramp[0] > flat[0]

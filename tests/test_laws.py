@@ -156,3 +156,88 @@ def test_smooth_max_tends_to_max():
     assert float(laws.smooth_max(v, 0.0)) == 3.0
     assert float(laws.smooth_max(v, 1e-3)) == pytest.approx(3.0, abs=1e-6)
     assert float(laws.smooth_max(v, 1.0)) > 3.0
+
+
+# -- expected_s's shape-aware decode attention and fused-MoE laws -------------------------
+
+def test_p_norm_between_sum_and_max(run):
+    assert float(run(laws.p_norm, 3.0, 4.0, 1.0)) == pytest.approx(7.0)
+    assert float(run(laws.p_norm, 3.0, 4.0, 2.0)) == pytest.approx(5.0)
+    assert float(run(laws.p_norm, 3.0, 4.0, 1e3)) == pytest.approx(4.0, rel=1e-3)
+    assert float(run(laws.p_norm, 3.0, 4.0, 0.5)) == pytest.approx(7.0)   # below 1 counts as 1
+    assert float(run(laws.p_norm, 0.0, 0.0, 2.0)) == 0.0
+    # a large order on large times does not overflow
+    assert float(run(laws.p_norm, 1e-3, 2e-3, 64.0)) == pytest.approx(2e-3, rel=1e-12)
+
+
+def test_decode_attention_time_is_the_spec_law_without_a_row_floor(run):
+    """With no row floor the law is step.md §6.3's floor + bytes/rate, whatever the order."""
+    for order in (1.0, 3.0):
+        got = run(lambda b, n: laws.decode_attention_time(b, n, 1e-5, 2e12, 0.0, order),
+                  4e8, 2048.0)
+        assert float(got) == pytest.approx(float(laws.floor_plus_rate(4e8, 1e-5, 2e12)))
+    # positive bytes at a zero rate: +inf (D5); zero bytes: the floor
+    assert float(laws.decode_attention_time(1.0, 1.0, 1e-5, 0.0)) == np.inf
+    assert float(laws.decode_attention_time(0.0, 0.0, 1e-5, 2e12, 2e-8, 2.0)) == 1e-5
+
+
+def test_decode_attention_time_rows_and_bytes(run):
+    """The row term: rows of one-token contexts cost their rows, a long read its bytes, in
+    between the p-norm of the two; more KV heads at the same bytes cost more rows, never a
+    rate above the fitted one."""
+    f, r, c, p = 1e-5, 3e12, 2.5e-8, 1.4
+    law = lambda b, n: laws.decode_attention_time(b, n, f, r, c, p)  # noqa: E731
+    short = float(run(law, 16e6, 16384.0))            # 2,048 requests × 8 heads, tiny reads
+    assert short == pytest.approx(f + float(laws.p_norm(16e6 / r, 16384 * c, p)))
+    assert short > f + 16384 * c                      # the rows, not the 5 µs of bytes
+    long = float(run(law, 2e9, 512.0))                # 667 µs of bytes hide 13 µs of rows
+    assert f + 2e9 / r < long < (f + 2e9 / r) * 1.005
+    # the same bytes over more heads (32 instead of 8): more rows, never faster
+    assert float(run(law, 1e9, 82 * 32.0)) >= float(run(law, 1e9, 82 * 8.0))
+    # monotone in bytes and rows
+    grid = np.array([[float(law(b, n)) for n in (1.0, 64.0, 4096.0)] for b in (0.0, 1e7, 1e9)])
+    assert np.all(np.diff(grid, axis=0) >= 0) and np.all(np.diff(grid, axis=1) >= 0)
+
+
+def test_routed_expert_time_neutral_and_parts(run):
+    """At floor = m½ = c_a = 0 the fused-MoE law is max(compute at the given efficiency,
+    memory); each constant adds its part."""
+    F, B, P, bw = 2e12, 5e8, 1e15, 3e12
+    base = run(lambda x: laws.routed_expert_time(x, B, 1024.0, 64.0, P, bw,
+                                                 token_efficiency=0.5), F)
+    assert float(base) == pytest.approx(max(F / (P * 0.5), B / bw))
+    # per-expert ramp: 16 rows per expert at m½ = 48 runs at 1/4 of the peak
+    ramp = run(lambda x: laws.routed_expert_time(x, 0.0, 1024.0, 64.0, P, bw, 0.0, 48.0), F)
+    assert float(ramp) == pytest.approx(F / (P * 0.25))
+    full = run(lambda x: laws.routed_expert_time(x, B, 1024.0, 64.0, P, bw, 3e-5, 48.0, 1e-8),
+               F)
+    assert float(full) == pytest.approx(3e-5 + max(F / (P * 0.25), B / bw) + 1024 * 1e-8)
+    # no routed work, no time (not even the floor)
+    assert float(laws.routed_expert_time(0.0, 0.0, 0.0, 0.0, P, bw, 3e-5, 48.0, 1e-8)) == 0.0
+
+
+def test_routed_expert_time_monotone_in_tokens():
+    """Priced over the step's tokens with the step's own work laws, the fused-MoE law never
+    falls when a token is added (the touched experts, their rows and the FLOPs all grow)."""
+    t = jnp.arange(0.0, 600.0)
+    flops, nbytes = laws.routed_expert_work(t, 8, 1.0, 2 * 3 * 2048 * 768, 1.0, 1.0, 128,
+                                            128, 3 * 2048 * 768 * 2.0, 1)
+    touched = laws.experts_touched(laws.round_half_up(t), 128, 8, 128)
+    s = laws.routed_expert_time(flops, nbytes, t * 8, touched, 989e12, 2.8e12, 3e-5, 330.0,
+                                9e-9)
+    assert np.all(np.diff(np.asarray(s)) >= -1e-15)
+
+
+def test_new_laws_gradients_finite_at_edges():
+    g = jax.grad(lambda c, p: laws.decode_attention_time(0.0, 0.0, 1e-5, 2e12, c, p),
+                 argnums=(0, 1))(2e-8, 2.0)
+    assert all(np.isfinite(x) for x in g)
+    g = jax.grad(lambda c, p: laws.decode_attention_time(1e8, 64.0, 1e-5, 2e12, c, p),
+                 argnums=(0, 1))(0.0, 2.0)
+    assert all(np.isfinite(x) for x in g)
+    g = jax.grad(lambda m, f, a: laws.routed_expert_time(0.0, 0.0, 0.0, 0.0, 1e15, 3e12, f, m,
+                                                         a), argnums=(0, 1, 2))(48.0, 3e-5, 1e-8)
+    assert all(np.isfinite(x) for x in g)
+    g = jax.grad(lambda m: laws.routed_expert_time(1e9, 1e6, 16.0, 4.0, 1e15, 3e12, 3e-5, m))(
+        48.0)
+    assert np.isfinite(g)

@@ -624,10 +624,12 @@ def test_activation_family_snap_through_construction():
 def test_section_4_1_kernel_assumptions_and_values():
     """vectors.md §4.1 [R]: the kernel's own assumptions are engine_version (0.29.0 declared →
     0.31.0) and max_cudagraph_capture_size (512), with those values at the start of the
-    scope. Beyond them jkernel records only its decisions: gpu_memory_utilization 0.92 (D15)
-    and expected.md's kernel_gap / host_serial / host_serial_per_request / compute_derate
-    defaults; every other jkernel entry is a
-    needed optional coefficient the fixture registry lacks, recorded as `absent`."""
+    scope. Beyond them jkernel records only its decisions: gpu_memory_utilization 0.92 (D15),
+    expected.md's kernel_gap / host_serial / host_serial_per_request / compute_derate
+    defaults and the shape constants of expected_s's decode-attention and fused-MoE laws at
+    their neutral values (step.md's laws: the fixture registry has none); every other
+    jkernel entry is a needed optional coefficient the fixture registry lacks, recorded as
+    `absent`."""
     k = spec_kernel()
     assert scope_value(k, "engine_version") == "0.31.0"
     assert "0.29.0" in k.assumption("engine_version")
@@ -637,7 +639,12 @@ def test_section_4_1_kernel_assumptions_and_values():
     decided = {n for n, s in own.items() if not s.startswith("absent")}
     assert decided == {"engine_version", "max_cudagraph_capture_size",
                        "gpu_memory_utilization", "kernel_gap", "host_serial",
-                       "host_serial_per_request", "compute_derate"}
+                       "host_serial_per_request", "compute_derate",
+                       "attention_decode_row_floor", "attention_decode_overlap",
+                       "moe_kernel_floor_fp8", "moe_m_half", "moe_assignment_time"}
+    for name in ("attention_decode_row_floor", "moe_kernel_floor_fp8", "moe_m_half",
+                 "moe_assignment_time"):
+        assert scope_value(k, name) == "0.0"
     absent = {n for n, s in own.items() if s.startswith("absent")}
     assert absent == {"host_admission_per_request", "attention_decode_floor_mla",
                       "attention_decode_rate_mla"}

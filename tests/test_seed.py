@@ -475,3 +475,28 @@ def test_seed_reads_elements_and_derives_chips(tmp_path):
     assert gb["units"] == "bytes_per_us" and gb["scope"] == {"hardware": ["gb200-nvl72"]}
     assert "collective_floor_all_reduce_fp16_16rank_gb200_nvl72" in by_name
     assert "gb300" not in table and "l40s" not in table      # their sources were not fitted
+
+
+@pytest.mark.parametrize("chip", ["rtx-4090", "rtx-pro-6000", "l4"])
+def test_ported_chips_follow_the_ridge_and_bandwidth_rules(chip):
+    """Chips without profiles that run l40s's kernels take l40s's fit through their own
+    ridge and bandwidth (jkernel.calibration.regenerate, PORTED): the GEMM ramp's half-width
+    scales with the compute-to-bandwidth ridge (a copied width made the RTX 4090's decode
+    GEMMs compute-bound), decode rates with the bandwidth and never above it (the L4 once
+    borrowed l40s's 734 GB/s against its 300 GB/s), the rest is l40s's. Every entry says so."""
+    src, dst = Registry("l40s"), Registry(chip)
+    s, d = _chip("l40s"), _chip(chip)
+    ridge = (d["TFlopsPeak"] / d["BwPeakTBs"]) / (s["TFlopsPeak"] / s["BwPeakTBs"])
+    assert dst.values["gemm_m_half_bf16"] == pytest.approx(
+        src.values["gemm_m_half_bf16"] * ridge, rel=1e-5)
+    bw = d["BwPeakTBs"] / s["BwPeakTBs"]
+    for name in ("attention_decode_rate", "attention_decode_rate_swa"):
+        assert dst.values[name] == pytest.approx(src.values[name] * bw, rel=1e-5)
+        assert dst.values[name] < d["BwPeakTBs"] * 1e6            # bytes/µs
+    for name in ("gemm_eps_max_bf16", "hbm_derate", "attention_decode_floor",
+                 "moe_kernel_floor_bf16", "attention_decode_overlap"):
+        assert dst.values[name] == src.values[name]
+    for _s, name, body in _entries():
+        if body["scope"].get("hardware") == [chip] and name in dst.values \
+                and not name.startswith(("collective_", "host_")):
+            assert body["method"] == "derived" and "ported" in body["rationale"], name

@@ -191,8 +191,8 @@ def test_cli_breakdown_prints_a_table(capsys):
                  "--breakdown"]) == 0
     out = capsys.readouterr().out
     assert "where the time goes" in out
-    assert re.search(r"attn_dense\s+80\s+attention decode read\s+0\.000\s+5\.545", out)
-    assert re.search(r"total\s+2\.075\s+17\.887\s+2\.121\s+0\.000\s+2\.573\s+21\.660\s+100\.0%",
+    assert re.search(r"attn_dense\s+80\s+attention decode read\s+0\.000\s+4\.526", out)
+    assert re.search(r"total\s+2\.079\s+16\.868\s+2\.121\s+0\.000\s+2\.573\s+21\.095\s+100\.0%",
                      out)
 
 

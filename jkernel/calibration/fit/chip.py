@@ -131,9 +131,13 @@ def fit_chip(data_dir: str | Path, chip: str, *, settings: FitSettings = FitSett
         lambda: attention.fit_prefill_attention(
             subsample(profiles.prefill_attention, settings.max_rows), doc, ramp["bf16"],
             chip=name, **kw))
-    run("moe", profiles.moe, "MoE", "no MoE table: routing imbalance not fitted",
+    imb = run("moe", profiles.moe, "MoE (spec law)", "no MoE table: routing imbalance not "
+              "fitted", lambda: moe.fit_moe_imbalance(subsample(profiles.moe, settings.max_rows),
+                                                      doc, ramp, derate, chip=name, **kw))
+    run("moe", profiles.moe, "fused MoE", "no MoE table: fused-MoE law not fitted",
         lambda: moe.fit_moe(subsample(profiles.moe, settings.max_rows), doc, ramp, derate,
-                            chip=name, **kw))
+                            chip=name, imbalance=(imb.written["moe_routing_imbalance_median"]
+                                                  if imb is not None else None), **kw))
     custom = profiles.custom_allreduce
     nccl_rows = nccl_source = None
     if profiles.nccl is not None:

@@ -58,7 +58,9 @@ _UNITS = (("collective_floor", "us_per_transfer"), ("collective_", "bytes_per_us
           ("host_replay_graph_per_step", "us_per_step"),
           ("host_launch_per_kernel", "us_per_transfer"), ("kernel_gap", "us_per_transfer"),
           ("host_serial_per_request", "us_per_request"),
-          ("host_serial", "us_per_step"), ("host_link_bandwidth", "bytes_per_us"))
+          ("host_serial", "us_per_step"), ("host_link_bandwidth", "bytes_per_us"),
+          ("moe_kernel_floor", "us_per_layer"), ("moe_assignment_time", "us_per_token"),
+          ("moe_m_half", "tokens"))
 
 
 
@@ -98,8 +100,10 @@ def units_for(name: str) -> str:
     """The registry ``units`` of a coefficient name (as the shipped catalog writes them)."""
     if name.startswith("attention_") and "_rate" in name:
         return "bytes_per_us"
-    if name == "attention_prefill_work_scale":
+    if name in ("attention_prefill_work_scale", "attention_decode_overlap"):
         return "dimensionless"
+    if name == "attention_decode_row_floor":
+        return "us_per_request"
     for prefix, u in _UNITS:
         if name.startswith(prefix):
             return u
@@ -177,10 +181,14 @@ LAWS = {
     "gemm": "a GEMM kernel in expected_s's per-kernel form, max(2mnk/(P·ε(m,n,k)), "
             "(weights + m(n+k)·2)/(B·hbm_derate)) + kernel_gap (a per-call floor, written only "
             "on request)",
-    "decode_attention": "decode attention, floor + KV bytes/rate per kind",
+    "decode_attention": "decode attention, floor + p-norm of (KV bytes/rate, rows·row floor), "
+                        "floor and rate per kind, row floor and overlap order shared",
     "prefill_attention": "prefill attention, floor + causal FLOPs/(P·ramp(tokens)·work scale)",
-    "moe": "routed experts, max(FLOPs·imbalance/(P·ramp), expert bytes/(B·derate)) plus a "
-           "per-call floor that is not written",
+    "moe_imbalance": "routed experts as the edges price them (step.md §6.2), "
+                     "max(FLOPs·imbalance/(P·ramp(tokens)), expert bytes/(B·derate)) plus a "
+                     "per-call floor that is not written",
+    "moe": "a fused-MoE layer's routed experts as expected_s prices them, floor(dtype) + max(FLOPs·imbalance/(P·ε(tokens "
+           "per expert)), touched expert bytes/(B·derate)) + assignments·time per assignment",
     "collectives": "the collective law max(t0 + b/r_t, b/r_peak)",
 }
 _UNIDENTIFIED = {

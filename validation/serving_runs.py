@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import sys
 import time
@@ -55,7 +54,8 @@ import yaml
 
 __all__ = ["SOURCES", "METRICS", "PREFIX_HIT", "PREFIXES", "Run", "discover", "held_out",
            "family", "requests_for", "measured", "predicted", "compare", "replay_run",
-           "baseline", "medians", "prefix_study", "markdown", "main"]
+           "baseline", "medians", "prefix_study", "markdown", "manifest_document",
+           "write_manifest", "main"]
 
 SOURCES = ("trainval", "llm-d", "llmservingsim")
 #: The compared statistics (seconds); ITL has no measured percentile in any source.
@@ -144,9 +144,9 @@ def held_out(source: str, runs) -> set[str]:
     """The held-out runs of one source: the third (rounded, at least one) whose
     ``sha256("<source>/<run>")`` sorts first. Fixed before any fit, by run, never by request;
     a run's load stages go with it."""
-    runs = sorted(set(runs))
-    ranked = sorted(runs, key=lambda r: hashlib.sha256(f"{source}/{r}".encode()).hexdigest())
-    return set(ranked[:max(1, round(len(runs) / 3))])
+    from jkernel.calibration.data.heldout import held_out_runs
+
+    return held_out_runs(source, runs)
 
 
 def discover(root: str | Path, sources=SOURCES, runs=None) -> list[Run]:
@@ -386,6 +386,96 @@ def baseline(root: str | Path, *, sources=SOURCES, runs=None, limit: int | None 
 
 
 # --------------------------------------------------------------------------------------
+# The run manifest of the serving fit
+
+#: llm-d load points whose TTFT the fit uses (the prompt cache of a server never restarted
+#: matters little below the knee), whose ITL it uses (to 30 req/s), and above that none:
+#: the cache state, not the step price, sets both there (BASELINE.md §4). Decided from the
+#: baseline, before any fit.
+LLMD_TTFT_TO, LLMD_ITL_TO = 20.0, 30.0
+#: The residency-vllm runs (vLLM 0.23.0, Qwen3-14B, one H100): name → folder.
+RESIDENCY = {"2rps": "sweep_rate/agg_2rps/patched",
+             "2rps-1T": "sweep_tenants/1T_agg_2rps/patched",
+             "4rps": "sweep_rate/agg_4rps/patched", "6rps": "sweep_rate/agg_6rps/patched",
+             "8rps": "sweep_rate/agg_8rps/patched"}
+
+
+def manifest_document(data: str | Path, *, serving: str = "serving-runs",
+                      residency: str = "residency-vllm",
+                      scenarios: str = "scenarios") -> dict:
+    """The run manifest (:mod:`jkernel.calibration.data.serving`) of every run of the
+    shared data folder ``data`` (``serving-runs/`` and ``residency-vllm/`` under it): the
+    trainval stages with their measured means inline (``runs.csv``; the server's output
+    length), llm-d's lmbench files, LLMServingSim's engine-clock tables and the residency
+    client traces. Paths are relative to ``data`` (the manifest's ``root`` is left to the
+    command line's ``--data``); bundles relative to the manifest's folder
+    (``scenarios``). Splits by :func:`held_out` (the manifest's own rule, stated)."""
+    from jkernel.calibration.data.residency import DEFAULT_DEPLOYMENT
+
+    data = Path(data)
+    root = data / serving
+    runs = []
+    tv = pd.read_csv(root / "inference-sim-trainval" / "runs.csv")
+    for run in discover(root, ("trainval",)):
+        t = tv[(tv["run_id"] == run.run) & (tv["stage_index"] >= 0)].sort_values("stage_index")
+        measured = [{"group": int(r["stage_index"]), "requests": int(r["n_requests"]),
+                     "output_tokens": float(r["output_len"]),
+                     "ttft_mean_ms": round(float(r["ttft_mean_ms"]), 4),
+                     "e2e_mean_ms": round(float(r["e2e_mean_ms"]), 4),
+                     "ttft_p90_ms": round(float(r["ttft_p90_ms"]), 4),
+                     "e2e_p90_ms": round(float(r["e2e_p90_ms"]), 4),
+                     "label": f"stage {int(r['stage_index'])} ({r['stage_rate_rps']:g} req/s)"}
+                    for _, r in t.iterrows()]
+        runs.append({"name": run.run, "source": "trainval",
+                     "deployment": f"{scenarios}/{run.scenario}.yaml",
+                     "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                     "format": "requests", "groups": "stage", "measured": measured,
+                     "prefix": PREFIX_HIT})
+    for run in discover(root, ("llm-d",)):
+        rate = float(run.run.split()[0])
+        fit_on = ["ttft", "itl"] if rate <= LLMD_TTFT_TO else (["itl"] if rate <= LLMD_ITL_TO
+                                                               else [])
+        runs.append({"name": run.run, "source": "llm-d",
+                     "deployment": f"{scenarios}/{run.scenario}.yaml",
+                     "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                     "format": "benchmark", "fit_on": fit_on})
+    for run in discover(root, ("llmservingsim",)):
+        entry = {"name": run.run, "source": "llmservingsim",
+                 "deployment": f"{scenarios}/{run.scenario}.yaml",
+                 "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                 "format": "requests", "clock": "engine"}
+        if run.scenario in LONG_MAX_MODEL_LEN:
+            entry["env"] = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        runs.append(entry)
+    for name, folder in RESIDENCY.items():
+        if (data / residency / folder / "trace.csv").is_file():
+            runs.append({"name": name, "source": "residency", "deployment": DEFAULT_DEPLOYMENT,
+                         "requests": f"{residency}/{folder}/trace.csv", "format": "requests"})
+    for source in {r["source"] for r in runs}:
+        names = [r["name"] for r in runs if r["source"] == source]
+        out = held_out(source, names)
+        for r in runs:
+            if r["source"] == source:
+                r["split"] = "held-out" if r["name"] in out else "fit"
+    return {"kind": "ServingRuns", "version": 1, "runs": runs}
+
+
+def write_manifest(data: str | Path, path: str | Path) -> None:
+    """Write :func:`manifest_document` of ``data`` as YAML at ``path`` (bundles relative to
+    ``path``'s folder, the validation bundles)."""
+    path = Path(path)
+    rel = os.path.relpath(SCENARIOS, path.resolve().parent)
+    doc = manifest_document(data, scenarios=Path(rel).as_posix())
+    head = ("# The serving runs of ../shared/data as a run manifest of the serving fit\n"
+            "# (jkernel/calibration/data/serving.py). Written by\n"
+            "#   python -m validation.serving_runs --data ../shared/data/serving-runs "
+            "--write-manifest validation/serving-runs.yaml\n"
+            "# Data paths are relative to the shared data folder: pass it as --data.\n")
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True),
+                    encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------
 # Prefix-cache hypothesis
 
 def prefix_study(root: str | Path, *, runs=None, limit: int | None = 600,
@@ -520,12 +610,18 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     p.add_argument("--save", default=None, help="write each replay's request and step tables "
                                                 "(compressed CSV) into this folder")
+    p.add_argument("--write-manifest", default=None, metavar="FILE",
+                   help="write the run manifest of the serving fit (every run of the data "
+                        "folder's parent: serving-runs/ and residency-vllm/) and stop")
     p.add_argument("--progress", action="store_true", help="a progress bar per replay")
     p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
     a = p.parse_args(argv)
     if not Path(a.data).is_dir():
         print(f"{a.data}: no such folder (the serving-runs data)", file=sys.stderr)
         return 2
+    if a.write_manifest:
+        write_manifest(Path(a.data).resolve().parent, a.write_manifest)
+        return 0
     import jkernel
 
     jkernel.enable_x64()

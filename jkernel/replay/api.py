@@ -212,7 +212,6 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
             full = np.full(n, -1, np.int64)
             full[keep] = getattr(rec, name)
             setattr(rec, name, full)
-        rec.waker = [int(keep[w]) if w >= 0 else -1 for w in rec.waker]
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     last = np.full(n, np.nan)

@@ -62,7 +62,7 @@ class Engine:
     """One engine of a pool: its replicas, the step in flight and (async) the next one."""
 
     __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next", "waking",
-                 "waker", "inflight_step")
+                 "inflight_step")
 
     def __init__(self, pool: "Pool", index: int, node: int):
         self.pool = pool
@@ -73,7 +73,6 @@ class Engine:
         self.inflight = None
         self.next = None
         self.waking = False
-        self.waker = -1               # the request whose arrival woke the idle engine
         self.inflight_step = -1       # index in the step log of the step in flight
 
     def outstanding(self) -> int:
@@ -158,26 +157,23 @@ class StepRecord:
     """What a recording :class:`Simulation` keeps of its steps and requests, for the serving
     fit (:mod:`jkernel.calibration.fit.serving`) to price them again at other constants.
 
-    Per step, in step-log order: ``engine`` (its index), the batch that set its duration
-    (``scheduled``, ``computed`` token lists and ``pad`` tokens of the slowest replica) and
-    ``waker``: the request whose arrival woke the idle engine for this step (the step opens
-    a busy period and starts at that request's arrival plus its admission overhead), or −1
-    when the step starts as the engine's previous step ends. Per request: ``first_step`` and
-    ``last_step``, the steps whose end delivers its first and its last token (−1 if none).
-    An engine's steps between two wake-ups run back to back, so a token reaches the client
-    at ``arrival[waker] + admission + Σ durations of the busy period up to its step +
-    output_token_overhead``: a linear function of the step durations and the overheads.
+    Per step, in step-log order: ``engine`` (its index) and the batch that set its duration
+    (``scheduled``, ``computed`` token lists and ``pad`` tokens of the slowest replica). Per
+    request: ``first_step`` and ``last_step``, the steps whose end delivers its first and
+    its last token (−1 if none). An engine's steps between two wake-ups run back to back, so
+    a token reaches the client ``output_token_overhead`` after the end of its step, which is
+    the step's start plus the durations of the engine's steps from the one running when the
+    request became ready (``arrival + admission_overhead``): a linear function of the step
+    durations and the overheads while the batches stay the same.
     """
 
-    __slots__ = ("engine", "scheduled", "computed", "pad", "waker", "first_step",
-                 "last_step")
+    __slots__ = ("engine", "scheduled", "computed", "pad", "first_step", "last_step")
 
     def __init__(self, n: int):
         self.engine: list[int] = []
         self.scheduled: list[list[int]] = []
         self.computed: list[list[int]] = []
         self.pad: list[int] = []
-        self.waker: list[int] = []
         self.first_step = np.full(n, -1, np.int64)
         self.last_step = np.full(n, -1, np.int64)
 
@@ -260,7 +256,6 @@ class Simulation:
                 replica.waiting.append(seq)
                 if not engine.busy and not engine.waking:
                     engine.waking = True
-                    engine.waker = seq.rid
                     self._push(t, _WAKE, engine)
             elif kind == _WAKE:
                 obj.waking = False
@@ -284,7 +279,6 @@ class Simulation:
 
     def _step(self, engine: Engine, t: int) -> None:
         """End of ``engine``'s step at ``t`` (or a wake-up): outputs, then the next step."""
-        opens = engine.inflight is None and not engine.busy
         if engine.inflight is not None:
             self._outputs(engine, engine.inflight, t)
             engine.inflight = None
@@ -316,7 +310,6 @@ class Simulation:
             rec.scheduled.append(sched)
             rec.computed.append(comp)
             rec.pad.append(pad)
-            rec.waker.append(engine.waker if opens else -1)
         if pool.limits.async_scheduling:
             engine.next = self._schedule(engine)
 

@@ -4,6 +4,9 @@
 
 Prints the machine, the device and the load (``os.getloadavg``) before and after, then:
 
+  0. ``k.step_time`` at 1 and at 256 requests against the NumPy reference of the same step
+     (``benchmarks/numpy_step.py``, its figures first asserted equal to 1e-12), same run
+     (issue 23's target ≤ 1.0 ×); ``--reference-only`` measures this alone;
   1. ``k.step_time(Batch(s, c))`` for a 256-request decode against the same pair for 1
      request (target ≤ 1.3 ×); also the call alone and ``step_time(scheduled=, computed=)``;
   2. building ``Batch(s, c)`` for 256 requests against the ``step_time`` call (≤ 10 %);
@@ -115,10 +118,64 @@ print(json.dumps({{"one": statistics.median(a for a, _ in r),
 """
 
 
+def _reference():
+    """The NumPy reference class (this script's folder is on ``sys.path`` when run as a
+    script; as ``benchmarks.numpy_step`` from the repository root)."""
+    try:
+        from numpy_step import NumpyStep, Unsupported
+    except ImportError:
+        from benchmarks.numpy_step import NumpyStep, Unsupported
+    return NumpyStep, Unsupported
+
+
+def against_reference(k, rounds: int, inner: int) -> None:
+    """Section 0: ``step_time`` against the NumPy reference at 1 and 256 requests (and a
+    mixed batch), interleaved, after asserting both price the batches alike."""
+    NumpyStep, Unsupported = _reference()
+    try:
+        ref = NumpyStep.of(k)
+    except Unsupported as e:
+        row("step_time / NumPy reference", "not measured", f"({e})")
+        return
+    rng = np.random.default_rng(0)
+    cases = {
+        "1": (np.ones(1, np.int32), np.full(1, 4096, np.int32)),
+        "256": (np.ones(256, np.int32), rng.integers(100, 8000, 256).astype(np.int32)),
+        "mixed64": (np.r_[np.full(1, 2048), np.ones(63)].astype(np.int32),
+                    np.r_[np.zeros(1), rng.integers(100, 8000, 63)].astype(np.int32)),
+    }
+    fns = {}
+    for name, (s, c) in cases.items():
+        b = Batch(s, c)
+        want, got = k.step_time(b), ref(s, c)
+        for field in ("overlap_s", "no_overlap_s", "expected_s"):
+            a, x = getattr(want, field), getattr(got, field)
+            assert abs(a - x) <= 1e-12 * abs(a), f"{name} requests: {field} {a} != {x}"
+        fns[f"jk{name}"] = lambda b=b: k.step_time(b)
+        fns[f"jkpair{name}"] = lambda s=s, c=c: k.step_time(Batch(s, c))
+        if NEW:
+            fns[f"jkarr{name}"] = lambda s=s, c=c: k.step_time(scheduled=s, computed=c)
+        fns[f"np{name}"] = lambda s=s, c=c: ref(s, c)
+    # many short rounds: on a shared machine the load moves within seconds, and each
+    # round's ratio compares calls made within a few milliseconds of each other
+    med, times = interleaved(fns, rounds * 6, max(inner // 10, 20))
+    for name, label in (("1", "1 request"), ("256", "256 decodes"),
+                        ("mixed64", "1 prefill + 63 decodes")):
+        target = "≤ 1.0 ×" if name != "mixed64" else ""
+        row(f"step_time(batch) / NumPy reference, {label}",
+            f"{ratio(times, 'jk' + name, 'np' + name):.2f} ×", target)
+        row(f"   (µs: {med['jk' + name]:.1f} / {med['np' + name]:.1f}); "
+            f"step_time(Batch(s, c)) {ratio(times, 'jkpair' + name, 'np' + name):.2f} ×"
+            + (f", step_time(scheduled=, computed=) "
+               f"{ratio(times, 'jkarr' + name, 'np' + name):.2f} ×" if NEW else ""), "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="llama-3.1-70b-h100-tp4")
     ap.add_argument("--quick", action="store_true", help="fewer rounds and batches")
+    ap.add_argument("--reference-only", action="store_true",
+                    help="only section 0: step_time against the NumPy reference")
     ap.add_argument("--batches", type=int, default=None,
                     help="batches for price_many (default 262,144; --quick 32,768)")
     args = ap.parse_args()
@@ -135,6 +192,12 @@ def main() -> None:
     print(f"scenario  {args.scenario}: {k}")
     print(f"start     {load()}")
     print(f"\n  {'figure':<62} {'measured':>18}   target")
+
+    # 0: the step against the NumPy reference ----------------------------------------------
+    against_reference(k, rounds, inner)
+    if args.reference_only:
+        print(f"\nend       {load()}")
+        return
 
     rng = np.random.default_rng(0)
     s1, c1 = np.ones(1, np.int32), np.full(1, 4096, np.int32)

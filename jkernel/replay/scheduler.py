@@ -145,7 +145,8 @@ class Replica:
 
     def usage(self) -> float:
         """Fraction of the KV cache in use (vLLM's ``kv_cache_usage``)."""
-        return 1.0 - self.available() / self.lim.pages if self.lim.pages else 0.0
+        pages = self.lim.pages
+        return 1.0 - (self.free_pages + len(self.evictable)) / pages if pages else 0.0
 
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -219,35 +220,69 @@ class Replica:
         ``samples`` is True when the step completes the request's known tokens, i.e. it
         samples a token (a partial prefill chunk samples nothing). The bookkeeping is
         advanced as vLLM does it at schedule time.
+
+        Speed (the replay calls this once per replica per step): a request is advanced as
+        soon as it is scheduled (a preemption only ever takes a request later in
+        ``running`` than the one being scheduled, and admission reads only the waiting
+        request it admits, so no decision reads a scheduled request's tokens); a request
+        whose new tokens fit its blocks skips the block allocator; prefix-cache blocks
+        are registered after admission, in batch order, as before, and only for a request
+        with a computed full block not yet registered.
         """
         lim = self.lim
-        budget = lim.max_num_batched_tokens if budget is None else budget
-        sched: list = []
+        if budget is None:
+            budget = lim.max_num_batched_tokens
+        out: list = []
+        pending: list = []                        # requests with blocks to register
+        caching = lim.prefix_caching
+        bs = lim.block_size
+        # pages_for's arithmetic inline for a plain paged cache (the common case)
+        linear = getattr(lim, "_linear", False)
+        fixed = lim.fixed_pages
         preempted = False
         running = self.running
         i = 0
-        while i < len(running) and budget > 0:
+        count = len(running)
+        while i < count and budget > 0:
             seq = running[i]
-            if seq.done:                          # its last token is in flight (async)
-                i += 1
-                continue
-            n = min(seq.num_tokens - seq.computed, budget)
-            if n <= 0:
-                i += 1
-                continue
-            scheduled = True
-            while not self._grow(seq, seq.computed + n):
-                victim = running.pop()            # FCFS: the last admitted goes first
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    scheduled = False
-                    break
-            if not scheduled:
-                break
-            sched.append((seq, n))
-            budget -= n
             i += 1
+            if seq.done:                          # its last token is in flight (async)
+                continue
+            before = seq.computed
+            n = seq.num_tokens - before
+            if n > budget:
+                n = budget
+            if n <= 0:
+                continue
+            total = before + n
+            pages = seq.pages
+            need = ((total + bs - 1) // bs if linear else lim.pages_for(total)) - pages
+            if pages == 0 and fixed:
+                need += fixed
+            if need > 0:                          # as _grow: allocate, or preempt
+                scheduled = True
+                while not self._grow(seq, total):
+                    victim = running.pop()        # FCFS: the last admitted goes first
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        scheduled = False
+                        break
+                count = len(running)
+                if not scheduled:
+                    break
+            budget -= n
+            seq.computed = total                  # _advance, inline (the hot path)
+            if total == seq.num_tokens:
+                seq.sampled += 1
+                seq.num_tokens = total + 1
+                if seq.sampled >= seq.wanted:
+                    seq.done = True
+                out.append((seq, n, before, True))
+            else:
+                out.append((seq, n, before, False))
+            if caching and len(seq.held) < len(seq.hashes):
+                pending.append(seq)
         # vLLM v0.31.0: no new request is admitted in a step that preempted one.
         if not preempted:
             waiting = self.waiting
@@ -257,10 +292,10 @@ class Replica:
                 if seq.computed == 0 and seq.pages == 0:
                     hits = self._lookup(seq)
                 if hits:
-                    hit_tokens = len(hits) * lim.block_size
+                    hit_tokens = len(hits) * bs
                     n = min(seq.num_tokens - hit_tokens, budget)
                     touched = sum(1 for h in hits if h in self.evictable)
-                    need = lim.pages_for(hit_tokens + n) - len(hits) + lim.fixed_pages
+                    need = lim.pages_for(hit_tokens + n) - len(hits) + fixed
                     if need > self.available() - touched:
                         break
                     for h in hits:
@@ -279,22 +314,28 @@ class Replica:
                         break
                 waiting.popleft()
                 running.append(seq)
-                sched.append((seq, n))
+                before = seq.computed
                 budget -= n
-        out = []
-        for seq, n in sched:
-            before = seq.computed
-            seq.computed = before + n
-            samples = seq.computed == seq.num_tokens
-            if samples:
-                seq.sampled += 1
-                seq.num_tokens += 1               # the sampled token (a placeholder until
-                if seq.sampled >= seq.wanted:     # its step ends)
-                    seq.done = True
-            if seq.hashes and self.lim.prefix_caching:
+                out.append(self._advance(seq, n, before, before + n))
+                if caching and len(seq.held) < len(seq.hashes):
+                    pending.append(seq)
+        for seq in pending:                       # blocks computed and not yet registered
+            if len(seq.held) < seq.computed // bs:
                 self._register(seq)
-            out.append((seq, n, before, samples))
         return out
+
+    @staticmethod
+    def _advance(seq: Seq, n: int, before: int, total: int) -> tuple:
+        """Schedule ``n`` tokens of ``seq`` (computed ``before`` → ``total``): the batch
+        entry ``(seq, n, before, samples)``."""
+        seq.computed = total
+        if total == seq.num_tokens:               # it samples a token (a placeholder
+            seq.sampled += 1                      # until its step ends)
+            seq.num_tokens = total + 1
+            if seq.sampled >= seq.wanted:
+                seq.done = True
+            return (seq, n, before, True)
+        return (seq, n, before, False)
 
     def remove(self, seq: Seq) -> None:
         """Take a finished request out of ``running`` (its blocks are released apart)."""

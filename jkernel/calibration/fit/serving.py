@@ -9,23 +9,28 @@ cost reshapes the queue. The fit uses each where it holds:
 
 **The fixed point, by gradient.** A replay run with ``record=True`` keeps every step's batch
 and the steps that deliver each request's first and last token
-(:class:`jkernel.replay.sim.StepRecord`). With those batches held fixed, a token reaches the
-client at ``arrival(waker) + admission(waker) + Σ step durations of the busy period up to
-its step + output_token_overhead`` (the waker's arrival opened the busy period), so every
-group's mean TTFT and E2E is an exact, differentiable function of the constants: the step
-function's ``expected_s`` over the logged batches (:func:`~jkernel.calibration.fit.traces.
-log_price`) and the front end's ``admission_overhead`` / ``output_token_overhead`` /
-``completion_overhead`` (:mod:`jkernel.overheads`). At the constants it was replayed with,
-this function reproduces the replay to the microsecond. The fit minimises, over ``θ = log``
+(:class:`jkernel.replay.sim.StepRecord`). A request becomes ready ``admission_overhead``
+after it arrives; the step of its engine running then has a part ``rho`` left, and the
+engine runs its steps back to back until the request's first token, so its TTFT is
+``admission + rho·d[start] + Σ d[start < s ≤ first] + output_token_overhead`` (E2E the same
+to its last step, plus ``completion_overhead``). With the batches and each request's phase
+``rho`` held, every group's mean TTFT and E2E is a differentiable function of the constants:
+the step function's ``expected_s`` over the logged batches
+(:func:`~jkernel.calibration.fit.traces.log_price`) and the front end's
+``admission_overhead`` / ``output_token_overhead`` / ``completion_overhead``
+(:mod:`jkernel.overheads`), which reproduces the replay at the constants it was replayed
+with (to the microsecond ticks of the replay's clock). A request's admission moves its own
+latency one for one, as it does on average over the phases at which requests arrive. The fit minimises, over ``θ = log``
 of the fitted constants,
 
     L(θ) = Σ_groups Σ_{m ∈ fit_on} ρ(r_gm / σ) + ½ Σ_j ((θ_j − μ_j) / σ_p)²,
     r_g,ttft = log(TTFT_pred / TTFT_meas),   r_g,itl = log(ITL_pred / ITL_meas),
 
-(ρ the soft-L1 loss of :mod:`~jkernel.calibration.fit.base` at ``δ = 1``, i.e. quadratic
-within ±σ and linear beyond; σ = :data:`SIGMA`; log-normal priors of width ``σ_p`` around
-the starting values, :data:`PRIORS`) by damped Gauss–Newton with the soft-L1 weights
-(IRLS); the Jacobian is ``jax.jacfwd`` of the fixed-point function.
+(ρ(z) = log(1 + z²), the Cauchy loss: quadratic within ±σ, and a group many σ off, a
+replay that queues where the engine did not, weighs little and pulls less the further off
+it is; σ = :data:`SIGMA`; log-normal priors of width ``σ_p``, :data:`PRIORS` and
+:func:`priors`) by damped Gauss–Newton with the Cauchy weights (IRLS); the Jacobian is
+``jax.jacfwd`` of the fixed-point function.
 
 **The rest, derivative-free.** A new step cost changes the batches, and near a deployment's
 knee the queue: that part of the dependence has no useful gradient (the schedule is a
@@ -35,7 +40,8 @@ backtracking line search on the replay, which never differentiates the schedule)
 accepted replay is the next fixed point. It stops when a step moves no constant by more than
 :data:`TOLERANCE` in log, after :data:`MAX_OUTER` replays of the fit runs, or when no step is
 accepted. A run past its knee (a queue the replay builds and the engine did not, or the
-reverse) weighs through ρ's linear tail, not quadratically.
+reverse) is a regime miss, not a small error: its residual sits in ρ's flat tail, so it
+neither steers the gradient nor decides the line search.
 
 **Uncertainty** is the Laplace (Gauss–Newton) approximation of
 :func:`~jkernel.calibration.fit.uncertainty.gauss_newton` at the last fixed point, with the
@@ -71,12 +77,11 @@ import numpy as np
 import pandas as pd
 
 from ..data.serving import ServingRun
-from .base import soft_l1
 from .traces import log_price, zero_scale
 from .uncertainty import Laplace, gauss_newton
 
 __all__ = ["SERVING_CONSTANTS", "FRONT_END", "STEP", "PRIORS", "SIGMA", "TOLERANCE",
-           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "DeploymentClass", "class_of",
+           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "MODEL_SIGMA", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "choose",
            "Segment", "FixedPoint", "fixed_point", "segments_of", "ServingFit", "fit_serving",
            "evaluate", "group_table"]
 
@@ -101,18 +106,26 @@ FRONT_END = ("host_admission_per_request", "host_admission_per_token", "host_out
 #: The step constants (what every run measures).
 STEP = ("host_serial", "host_serial_per_request", "compute_derate")
 #: Log-normal priors: name → (centre, σ_p in log), SI units; None centre: the starting
-#: value (the catalog's for the deployment). ``host_admission_per_token`` is centred on the
-#: tokeniser's throughput on one core of a DGX H100, about 1k tokens per ms
-#: (vllm-project/vllm issue 19012, docs/calibrate.md), the rest of its per-token work
-#: unknown: a factor 3 either way.
+#: value (the catalog's for the deployment). ``host_admission_per_request`` is centred on
+#: the API server's 2 ms tokeniser batching window of vLLM 0.10–0.23, and
+#: ``host_admission_per_token`` on the tokeniser's throughput on one core of a DGX H100,
+#: about 1k tokens per ms (vllm-project/vllm PR 44172 and issue 19012, docs/calibrate.md),
+#: the rest of each unknown: a factor 3 either way. The compute derate is a chip's rate:
+#: where whole steps measured it (the catalog's entry is ``fitted``) a serving fit, whose
+#: groups mix it with every primitive law's error, may move it by about 5 %
+#: (:data:`MEASURED_DERATE_SIGMA`), else by a factor 1.5.
 PRIORS = {"host_serial": (None, math.log(3.0)), "host_serial_per_request": (None, math.log(3.0)),
           "compute_derate": (None, math.log(1.5)),
           "host_admission_per_request": (2e-3, math.log(3.0)),
           "host_admission_per_token": (1e-6, math.log(3.0))}
+MEASURED_DERATE_SIGMA = math.log(1.05)
 #: Upper bounds (SI) of fitted constants.
 UPPER = {"compute_derate": 1.0}
 #: The residual scale of the loss (log ratio): group means are trusted to about 3 %.
 SIGMA = 0.03
+#: Width (log) of a model's step offset (:class:`_Problem`): the primitive laws price a
+#: model's steps within about 10 % (docs/calibrate.md, the profile fits' held-out errors).
+MODEL_SIGMA = 0.10
 #: Outer-loop stop: the largest move of a fitted constant, in log.
 TOLERANCE = 0.01
 #: At most this many replays of the fit runs after the first.
@@ -221,13 +234,12 @@ class _Arrays(NamedTuple):
 
     batches: object            # BatchArrays stacked (N, R)
     engine_mask: jax.Array     # (E, N) float: step belongs to engine e
-    opener: jax.Array          # (N,) int: the step that opened the step's busy period
-    waker: jax.Array           # (N,) int: the request whose arrival opened it
-    arrival: jax.Array         # (Q,) float s
-    prompt: jax.Array          # (Q,) int
+    start: jax.Array           # (K,) int: the step running when each counted request
+                               # became ready (or the first after, the engine being idle)
+    rho: jax.Array             # (K,) float: the part of that step still to run then
+    prompt: jax.Array          # (K,) int
     first: jax.Array           # (K,) int: step of each counted request's first token
     last: jax.Array            # (K,) int
-    counted: jax.Array         # (K,) int: the request
     weight: jax.Array          # (K,) float
     group: jax.Array           # (K,) int: position in the run's groups
 
@@ -246,13 +258,34 @@ class FixedPoint:
     steps: int
 
 
-def _batches(scheduled, computed, pad, threshold: int, buckets) -> tuple[object, int]:
+class _Shape(NamedTuple):
+    """Padded sizes of a fixed point's arrays: steps, requests per step, counted requests,
+    engines. Fixed points of one deployment share the largest, so their programs compile
+    once (and again only when a replay outgrows a power of two)."""
+
+    steps: int
+    width: int
+    counted: int
+    engines: int
+
+    def join(self, other: "_Shape") -> "_Shape":
+        return _Shape(*(max(a, b) for a, b in zip(self, other)))
+
+
+def _shape(kernel, result, segment: Segment) -> _Shape:
     from jkernel.batch import bucket_for
+
+    rec = result.record
+    R = bucket_for(max((len(s) for s in rec.scheduled), default=1), kernel.buckets)
+    cnt = int(np.sum((segment.group_pos >= 0) & (rec.first_step >= 0) & (rec.last_step >= 0)))
+    E = int(max(rec.engine, default=0)) + 1
+    return _Shape(_pow2(len(rec.scheduled), 256), R, _pow2(cnt), E)
+
+
+def _batches(scheduled, computed, pad, threshold: int, N: int, R: int) -> object:
     from jkernel.step import BatchArrays
 
     n = len(scheduled)
-    R = bucket_for(max((len(s) for s in scheduled), default=1), buckets)
-    N = _pow2(n, 256)
     S = np.zeros((N, R), np.int32)
     C = np.zeros((N, R), np.int32)
     M = np.zeros((N, R), bool)
@@ -264,56 +297,68 @@ def _batches(scheduled, computed, pad, threshold: int, buckets) -> tuple[object,
     S[n:, 0], M[n:, 0] = 1, True           # padding steps: a 1-token decode, never read
     P = np.zeros(N, np.int32)
     P[:n] = pad
-    return BatchArrays(S, C, M, np.full(N, threshold, np.int32), np.zeros(N, np.int32), P), N
+    return BatchArrays(S, C, M, np.full(N, threshold, np.int32), np.zeros(N, np.int32), P)
 
 
-def fixed_point(segment: Segment, kernel, names: Sequence[str], result) -> FixedPoint:
+def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
+                shape: _Shape | None = None) -> FixedPoint:
     """The fixed-point arrays of ``segment`` replayed by ``kernel`` (``result``, a
-    :class:`~jkernel.replay.ReplayResult` with its record)."""
+    :class:`~jkernel.replay.ReplayResult` with its record).
+
+    A counted request became ready at ``r = arrival + admission``; the step of its engine
+    running then is ``start`` (the first step after, with nothing left of an earlier one,
+    when the engine was idle), of which ``rho`` was still to run. Its first token ends step
+    ``first``, so its TTFT is ``admission + rho·d[start] + Σ d over the engine's steps after
+    start up to first + output_token_overhead``: exactly the replay's at its constants, and
+    with the batches and the phase ``rho`` held, a smooth function of the constants."""
+    from jkernel.replay.sim import ticks
+
     rec = result.record
     n = len(rec.scheduled)
+    shape = shape or _shape(kernel, result, segment)
+    N = shape.steps
     threshold = int(kernel.settings.get("decode_threshold", 1))
-    batches, N = _batches(rec.scheduled, rec.computed, rec.pad, threshold, kernel.buckets)
+    batches = _batches(rec.scheduled, rec.computed, rec.pad, threshold, N, shape.width)
     eng = np.asarray(rec.engine, np.int64)
     engines = int(eng.max()) + 1 if n else 1
-    mask = np.zeros((engines, N))
+    mask = np.zeros((shape.engines, N))
     for e in range(engines):
         mask[e, :n] = eng == e
-    opener = np.zeros(N, np.int64)
-    waker = np.zeros(N, np.int64)
-    last_open: dict[int, int] = {}
-    wk = np.asarray(rec.waker, np.int64)
-    for s in range(n):
-        e = int(eng[s])
-        if wk[s] >= 0:
-            last_open[e] = s
-        o = last_open.get(e, s)
-        opener[s] = o
-        waker[s] = wk[o] if wk[o] >= 0 else 0
+    t0 = result.steps["start_s"].to_numpy(float)
+    dur = result.steps["duration_s"].to_numpy(float)
     req = result.requests
-    Q = _pow2(len(req))
-    arrival = np.zeros(Q)
-    arrival[:len(req)] = req["arrival_s"].to_numpy(float)
-    prompt = np.zeros(Q, np.int64)
-    prompt[:len(req)] = req["input_tokens"].to_numpy(np.int64)
     pos = segment.group_pos
     done = (rec.first_step >= 0) & (rec.last_step >= 0)
     cnt = np.flatnonzero((pos >= 0) & done)
-    K = _pow2(len(cnt))
-    first = np.zeros(K, np.int64)
-    last = np.zeros(K, np.int64)
-    counted = np.zeros(K, np.int64)
-    weight = np.zeros(K)
-    group = np.zeros(K, np.int64)
-    first[:len(cnt)] = rec.first_step[cnt]
-    last[:len(cnt)] = rec.last_step[cnt]
-    counted[:len(cnt)] = cnt
-    weight[:len(cnt)] = segment.weight[cnt]
-    group[:len(cnt)] = pos[cnt]
-    arrays = _Arrays(batches, jnp.asarray(mask), jnp.asarray(opener), jnp.asarray(waker),
-                     jnp.asarray(arrival), jnp.asarray(prompt), jnp.asarray(first),
-                     jnp.asarray(last), jnp.asarray(counted), jnp.asarray(weight),
-                     jnp.asarray(group))
+    prompts = req["input_tokens"].to_numpy(np.int64)[cnt]
+    adm = {int(p): ticks(kernel.admission_overhead(int(p))) / 1e6 for p in np.unique(prompts)}
+    ready = req["arrival_s"].to_numpy(float)[cnt] + np.array([adm[int(p)] for p in prompts])
+    first_s = rec.first_step[cnt]
+    start = np.zeros(len(cnt), np.int64)
+    rho = np.zeros(len(cnt))
+    by_engine = {e: np.flatnonzero(eng == e) for e in range(engines)}
+    for e, steps in by_engine.items():
+        mine = np.flatnonzero(eng[first_s] == e)
+        if not len(mine):
+            continue
+        ends = t0[steps] + dur[steps]
+        # the step running at r (start ≤ r < end), or the first starting at or after r
+        j = np.searchsorted(ends, ready[mine] + 1e-9, side="left")
+        j = np.minimum(j, len(steps) - 1)
+        s0 = steps[j]
+        start[mine] = s0
+        rho[mine] = np.clip((t0[s0] + dur[s0] - ready[mine]) / dur[s0], 0.0, 1.0)
+    K = shape.counted
+
+    def pad(x, dtype):
+        out = np.zeros(K, dtype)
+        out[:len(cnt)] = x
+        return jnp.asarray(out)
+
+    arrays = _Arrays(batches, jnp.asarray(mask), pad(start, np.int64), pad(rho, float),
+                     pad(prompts, np.int64), pad(first_s, np.int64),
+                     pad(rec.last_step[cnt], np.int64), pad(segment.weight[cnt], float),
+                     pad(pos[cnt], np.int64))
     return FixedPoint(segment, kernel, tuple(names), arrays, len(segment.run.groups), result, n)
 
 
@@ -330,20 +375,15 @@ def _program(step_fn, names: tuple[str, ...], groups: int):
             else base
         d = jnp.exp(price(theta, base, [a.batches]))
         cum = jnp.sum(jnp.cumsum(d[None, :] * a.engine_mask, axis=1) * a.engine_mask, axis=0)
-        adm = overheads.admission_overhead(p, a.prompt)
-        anchor = a.arrival[a.waker] + adm[a.waker]
-        end = anchor + cum - cum[a.opener] + d[a.opener]
+        wait = overheads.admission_overhead(p, a.prompt) + a.rho * d[a.start] - cum[a.start]
         ot = overheads.output_token_overhead(p)
         co = overheads.completion_overhead(p)
-        arr = a.arrival[a.counted]
-        ttft = end[a.first] + ot - arr
-        e2e = end[a.last] + ot + co - arr
+        ttft = wait + cum[a.first] + ot
+        e2e = wait + cum[a.last] + ot + co
         seg = lambda x: jax.ops.segment_sum(x, a.group, num_segments=groups)  # noqa: E731
         return jnp.stack([seg(a.weight * ttft), seg(a.weight * e2e), seg(a.weight)])
 
-    value = jax.jit(sums)
-    both = jax.jit(lambda th, base, a: (sums(th, base, a), jax.jacfwd(sums)(th, base, a)))
-    return value, both
+    return jax.jit(lambda th, base, a: (sums(th, base, a), jax.jacfwd(sums)(th, base, a)))
 
 
 def _theta_of(fp: FixedPoint, names: Sequence[str], theta: np.ndarray) -> np.ndarray:
@@ -352,11 +392,11 @@ def _theta_of(fp: FixedPoint, names: Sequence[str], theta: np.ndarray) -> np.nda
 
 
 def _sums(fp: FixedPoint, names, theta, jac: bool):
-    value, both = _program(fp.kernel.step_fn, fp.names, fp.groups)
+    program = _program(fp.kernel.step_fn, fp.names, fp.groups)
     th = jnp.asarray(_theta_of(fp, names, theta))
+    v, J = program(th, fp.kernel.params, fp.arrays)
     if not jac:
-        return np.asarray(value(th, fp.kernel.params, fp.arrays)), None
-    v, J = both(th, fp.kernel.params, fp.arrays)
+        return np.asarray(v), None
     Jfull = np.zeros((3, fp.groups, len(names)))
     for i, n in enumerate(fp.names):
         Jfull[:, :, list(names).index(n)] = np.asarray(J)[:, :, i]
@@ -398,7 +438,7 @@ def _predicted(fps: Sequence[FixedPoint], runs: Sequence[ServingRun], names, the
     return out
 
 
-def _residuals(runs, pred, rows_only: bool = False):
+def _residuals(runs, pred):
     """Log-ratio residuals and their gradients over the groups' fitted metrics."""
     rows, r, J = [], [], []
     for (ri, g), (t, e, dt, de) in sorted(pred.items()):
@@ -418,9 +458,99 @@ def _residuals(runs, pred, rows_only: bool = False):
     return rows, np.asarray(r), (np.asarray(J) if J else np.zeros((0, 0)))
 
 
-def _loss(r: np.ndarray, theta, mu, sp) -> float:
-    data = float(np.sum(soft_l1(np.asarray(r) / SIGMA, 1.0)))
-    return data + 0.5 * float(np.sum(((np.asarray(theta) - mu) / sp) ** 2))
+class _Problem:
+    """The objective of one class's fit: residuals of the groups' fitted metrics, priors of
+    the constants, and the models' step offsets.
+
+    A model's primitive laws may price its steps a few per cent off whatever the engine
+    constants are (a decode-attention rate, an MoE kernel); such an error is the laws'
+    business, and an engine constant fitted to absorb it would move every other model's
+    steps. So each model of the class has an offset ``u_m`` added to the log ITL residuals
+    of its groups, with a normal prior of width :data:`MODEL_SIGMA`: an error common to the
+    class's models goes to the engine constants, one particular to a model to its offset.
+    The offsets are nuisance parameters: the kernel never prices with them."""
+
+    def __init__(self, runs, models: Sequence[str], mu, sp, upper):
+        self.runs = list(runs)
+        self.model_names = sorted(set(models))
+        self.model_of = [self.model_names.index(m) for m in models]
+        self.mu, self.sp, self.upper = mu, sp, upper
+
+    def offsets_matrix(self, rows) -> np.ndarray:
+        """(rows, models): 1 where an ITL row belongs to a model."""
+        U = np.zeros((len(rows), len(self.model_names)))
+        for i, row in enumerate(rows):
+            if row.metric == "itl":
+                U[i, self.model_of[row.run]] = 1.0
+        return U
+
+    def loss(self, r, theta, u, keep) -> float:
+        """Cauchy loss of the residuals (offsets added) in units of σ, plus the priors."""
+        z = np.asarray(r) / SIGMA
+        data = float(np.sum(np.log1p(z ** 2)))
+        prior = 0.5 * float(np.sum(((theta[keep] - self.mu[keep]) / self.sp[keep]) ** 2))
+        return data + prior + 0.5 * float(np.sum((np.asarray(u) / MODEL_SIGMA) ** 2))
+
+    def best_offsets(self, rows, r, u0=None, iterations: int = 30) -> np.ndarray:
+        """The offsets minimising the loss for fixed constants (IRLS, per model)."""
+        U = self.offsets_matrix(rows)
+        u = np.zeros(U.shape[1]) if u0 is None else np.array(u0, float)
+        for _ in range(iterations):
+            z = (r + U @ u) / SIGMA
+            w = 2.0 / (1.0 + z * z)
+            A = (U.T * w) @ U / SIGMA ** 2 + np.eye(len(u)) / MODEL_SIGMA ** 2
+            g = (U.T * w) @ (r + U @ u) / SIGMA ** 2 + u / MODEL_SIGMA ** 2
+            step = np.linalg.solve(A, g)
+            u = u - step
+            if np.max(np.abs(step), initial=0.0) < 1e-6:
+                break
+        return u
+
+    def replayed_loss(self, rows, r, theta, keep, u0=None) -> tuple[float, np.ndarray]:
+        """The loss of a replay's residuals, at the offsets that suit them best."""
+        u = self.best_offsets(rows, r, u0)
+        return self.loss(r + self.offsets_matrix(rows) @ u, theta, u, keep), u
+
+
+def _inner(fps, prob: _Problem, names, theta, keep, u, iterations: int = 12):
+    """Damped Gauss–Newton (IRLS for the Cauchy loss) on the fixed points, over the kept
+    constants and the models' offsets; returns the proposal ``(θ, u)``."""
+    runs = prob.runs
+    th = np.array(theta, float)
+    u = np.array(u, float)
+    idx = np.flatnonzero(keep)
+    lam = 1e-3
+    cur = None
+    nu = len(u)
+    for _ in range(iterations):
+        pred = _predicted(fps, runs, names, th, jac=True)
+        rows, r, J = _residuals(runs, pred)
+        U = prob.offsets_matrix(rows)
+        if cur is None:
+            cur = prob.loss(r + U @ u, th, u, keep)
+        z = (r + U @ u) / SIGMA
+        w = 2.0 / (1.0 + z * z)
+        X = np.hstack([J[:, idx], U]) / SIGMA
+        prior_p = np.concatenate([1.0 / prob.sp[idx] ** 2, np.full(nu, 1.0 / MODEL_SIGMA ** 2)])
+        A = X.T @ (w[:, None] * X) + np.diag(prior_p)
+        g = X.T @ (w * z) + np.concatenate([(th[idx] - prob.mu[idx]) / prob.sp[idx] ** 2,
+                                            u / MODEL_SIGMA ** 2])
+        improved = False
+        step = np.zeros(len(g))
+        for _ in range(8):
+            step = -np.linalg.solve(A + lam * np.diag(np.diag(A)), g)
+            trial = th.copy()
+            trial[idx] = np.minimum(th[idx] + step[:len(idx)], prob.upper[idx])
+            tu = u + step[len(idx):]
+            rows_t, rt, _ = _residuals(runs, _predicted(fps, runs, names, trial))
+            lt = prob.loss(rt + prob.offsets_matrix(rows_t) @ tu, trial, tu, keep)
+            if lt < cur:
+                th, u, cur, lam, improved = trial, tu, lt, max(lam / 3, 1e-6), True
+                break
+            lam *= 10
+        if not improved or np.max(np.abs(step)) < 1e-4:
+            break
+    return th, u
 
 
 # --------------------------------------------------------------------------------------
@@ -441,15 +571,22 @@ def _replay_segments(segments: Sequence[Segment], kernels: dict, names, theta,
                      log: Callable[[str], None] | None = None) -> list[FixedPoint]:
     from jkernel.replay import replay
 
-    out = []
+    done = []
+    shapes: dict = {}
     for seg in segments:
         base = kernels[id(seg.run)]
         k = _kernel_at(base, names, theta, seg.run.clock)
         clients = seg.run.clients if len(seg.requests) == len(seg.run.requests) else None
         res = replay(k, seg.requests, record=True, clients=clients)
+        sh = _shape(k, res, seg)
+        key = (k.step_fn, seg.run.clock, len(seg.run.groups))
+        shapes[key] = shapes[key].join(sh) if key in shapes else sh
+        done.append((seg, k, res, key))
+    out = []
+    for seg, k, res, key in done:
         seg_names = () if theta is None else tuple(
             n for n in names if not (seg.run.clock == "engine" and n in FRONT_END))
-        out.append(fixed_point(seg, k, seg_names, res))
+        out.append(fixed_point(seg, k, seg_names, res, shapes[key]))
     if log:
         log(f"replayed {len(segments)} segments, {sum(f.steps for f in out)} steps")
     return out
@@ -472,6 +609,8 @@ class ServingFit:
       table: per run and group, measured, before and after (:func:`group_table`).
       history: per outer iteration, the replayed loss and the step fraction accepted.
       replays: replays of the fit runs; ``wall_s``: seconds.
+      deployments: each fit run's chip, engine version, model and tp (the provenance).
+      offsets: each model's step offset (log, a nuisance of the fit: :class:`_Problem`).
     """
 
     cls: DeploymentClass
@@ -487,6 +626,7 @@ class ServingFit:
     replays: int = 0
     wall_s: float = 0.0
     deployments: list = field(default_factory=list)
+    offsets: dict = field(default_factory=dict)
 
     def ci95(self, name: str):
         if self.laplace is None or name not in self.laplace.names:
@@ -494,33 +634,89 @@ class ServingFit:
         return self.laplace.ci95[name]
 
 
+def priors(kernel, names: Sequence[str], theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-normal priors' centres and widths (log) of ``names`` on ``kernel``'s
+    deployment (:data:`PRIORS`; the compute derate's width by its catalog method)."""
+    methods = {p.name: p.method for p in kernel.provenance()}
+    mu, sp = [], []
+    for i, n in enumerate(names):
+        centre, width = PRIORS.get(n, (None, math.log(3.0)))
+        if n == "compute_derate" and methods.get(n) == "fitted":
+            width = MEASURED_DERATE_SIGMA
+        mu.append(math.log(centre) if centre else float(theta[i]))
+        sp.append(width)
+    return np.array(mu), np.array(sp)
+
+
 def _start(kernel, name: str) -> float:
     v = float(kernel.params[name]) if name in kernel.params else 0.0
     return v if v > 0 else zero_scale(name) if name in STEP else PRIORS.get(name, (1e-6,))[0]
 
 
-def _identifiable(J: np.ndarray, names, sp) -> dict[str, str]:
-    """Data-only identifiability of each column of the (weighted) Jacobian (the rule of
-    :func:`~jkernel.calibration.fit.uncertainty.gauss_newton`): name → reason ("" if
-    identifiable)."""
+#: The order in which constants join a fit (:func:`choose`): the one the data measure most
+#: directly first. Where two move the groups alike (a fixed front end and one per prompt
+#: token when every prompt is about as long), the earlier one is fitted and the later one
+#: keeps its starting value.
+ORDER = ("host_admission_per_request", "host_serial", "compute_derate",
+         "host_serial_per_request", "host_admission_per_token")
+
+
+def choose(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None, *,
+           max_se: float = 0.5, rcond: float = 1e-9, null_loading: float = 0.05
+           ) -> dict[str, str]:
+    """Which of ``names`` the groups identify, judged from the data (the rule of
+    :func:`~jkernel.calibration.fit.uncertainty.gauss_newton`: no null direction, a data
+    standard error in ``log`` of at most ``max_se``) on the Jacobian ``J`` of the residuals
+    at the first fixed point, with the models' offsets (columns ``U``, their prior
+    :data:`MODEL_SIGMA`) marginalised: candidates join in :data:`ORDER` and one stays only
+    if every constant chosen so far stays identifiable with it. The constants' own priors
+    play no part, so a prior never makes a constant look measured. Name → "" (chosen) or
+    why not."""
+    names = list(names)
     if J.size == 0:
         return {n: "no fitted group measures it" for n in names}
-    from .uncertainty import gauss_newton as _gn
+    U = np.zeros((J.shape[0], 0)) if U is None else U
+    Huu = U.T @ U / SIGMA ** 2 + np.eye(U.shape[1]) / MODEL_SIGMA ** 2
 
-    lap = _gn(lambda th: jnp.asarray(J) @ th, np.zeros(len(names)), names,
-              to_value=lambda th: th, sigma=SIGMA, jacobian=J)
-    del sp
-    return {n: ("" if lap.identifiable[n] else (lap.reason[n] or "not identified"))
-            for n in names}
+    def verdict(cols):
+        Jc = J[:, cols]
+        H = Jc.T @ Jc / SIGMA ** 2
+        if U.shape[1]:
+            Hcu = Jc.T @ U / SIGMA ** 2
+            H = H - Hcu @ np.linalg.solve(Huu, Hcu.T)
+        w, V = np.linalg.eigh(H)
+        top = float(np.max(w)) if w.size else 0.0
+        null = w <= rcond * top if top > 0 else np.ones_like(w, bool)
+        loading = np.sum(V[:, null] ** 2, axis=1) if null.any() else np.zeros(len(cols))
+        inv = np.where(null, 0.0, 1.0 / np.where(null, 1.0, w))
+        se = np.sqrt(np.maximum(np.diag((V * inv) @ V.T), 0.0))
+        return ["no curvature" if loading[i] > null_loading else
+                "ill-conditioned" if se[i] > max_se else "" for i in range(len(cols))]
+
+    out: dict[str, str] = {}
+    chosen: list[int] = []
+    for n in sorted(names, key=lambda x: ORDER.index(x) if x in ORDER else len(ORDER)):
+        i = names.index(n)
+        why = verdict(chosen + [i])
+        if not any(why):
+            chosen.append(i)
+            out[n] = ""
+        else:
+            reason = why[-1] or next(w for w in why if w)
+            others = [names[c] for c in chosen]
+            out[n] = reason + (f": the fitted groups move it together with "
+                               f"{', '.join(others)}" if others else "")
+    return out
 
 
 def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, *,
                 held: Sequence[ServingRun] = (), sample: int = SAMPLE,
                 max_outer: int = MAX_OUTER, log: Callable[[str], None] | None = None,
-                kernels: dict | None = None) -> ServingFit:
+                kernels: dict | None = None, evaluate_after: bool = True) -> ServingFit:
     """Fit ``names`` (default: :data:`SERVING_CONSTANTS`) to the ``runs`` of one
     deployment class (module docstring), and evaluate before and after on ``runs`` and
-    ``held``. ``kernels``: run name → its kernel, when already open."""
+    ``held`` (``evaluate_after`` False: no evaluation). ``kernels``: run label → its
+    kernel, when already open."""
     import jkernel
 
     jkernel.enable_x64()
@@ -541,120 +737,129 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
                          f"got {sorted(map(str, classes))}")
     cls = classes.pop()
     k0 = opened[id(runs[0])]
+    unknown = [n for n in (names or ()) if n not in SERVING_CONSTANTS]
+    if unknown:
+        raise ValueError(f"not a serving constant: {', '.join(unknown)}; allowed: "
+                         + ", ".join(SERVING_CONSTANTS))
     cand = [n for n in (names or SERVING_CONSTANTS) if n in k0.params]
-    client = any(r.clock == "client" and r.fit_on for r in runs)
     frozen = {}
-    if not client:
+    if not any(r.clock == "client" and r.fit_on for r in runs):
         for n in cand:
             if n in FRONT_END:
                 frozen[n] = "no fit run is measured on the client's clock"
-        cand = [n for n in cand if n not in frozen]
     start = {n: _start(k0, n) for n in cand}
     theta = np.log(np.array([start[n] for n in cand]))
-    mu = np.array([math.log(PRIORS[n][0]) if PRIORS.get(n, (None,))[0] else theta[i]
-                   for i, n in enumerate(cand)])
-    sp = np.array([PRIORS.get(n, (None, math.log(3.0)))[1] for n in cand])
+    mu, sp = priors(k0, cand, theta)
+    upper = np.array([math.log(UPPER[n]) if n in UPPER else np.inf for n in cand])
+    models = [describe(opened[id(r)])["model"] for r in runs]
+    prob = _Problem(runs, models, mu, sp, upper)
     segs = [s for r in runs for s in segments_of(r, sample=sample)]
     say(f"{cls}: {len(runs)} fit runs in {len(segs)} replays; candidates {', '.join(cand)}")
     fps = _replay_segments(segs, opened, cand, theta, say)
-    replays = 1
-    pred = _predicted(fps, runs, cand, theta, jac=True)
-    rows, r, J = _residuals(runs, pred)
-    reasons = _identifiable(J, cand, sp)
-    for n, why in reasons.items():
+    rows, r, J = _residuals(runs, _predicted(fps, runs, cand, theta, jac=True))
+    free = [n for n in cand if n not in frozen]
+    col = [cand.index(n) for n in free]
+    for n, why in choose(J[:, col] if J.size else J, free, prob.offsets_matrix(rows)).items():
         if why:
             frozen[n] = f"not identified by the fitted groups ({why})"
     names_fit = [n for n in cand if n not in frozen]
     keep = np.array([n in names_fit for n in cand])
-    loss = _loss(r, theta[keep], mu[keep], sp[keep])
-    history = [{"replay": 0, "loss": loss, "accepted": 1.0,
-                "values": {n: float(np.exp(t)) for n, t in zip(cand, theta)}}]
-    say(f"start: loss {loss:.3f} over {len(r)} residuals; fitting {', '.join(names_fit)}"
-        + (f"; frozen: {', '.join(frozen)}" if frozen else ""))
-    upper = np.array([math.log(UPPER[n]) if n in UPPER else np.inf for n in cand])
-    for outer in range(max_outer):
-        if not names_fit:
-            break
-        proposal = _inner(fps, runs, cand, theta, keep, mu, sp, upper)
-        move = float(np.max(np.abs(proposal - theta))) if len(theta) else 0.0
-        if move < TOLERANCE:
-            say(f"iteration {outer + 1}: the fixed point moves {move:.4f} in log: converged")
-            break
-        accepted = 0.0
-        for frac in (1.0, 0.5, 0.25):
-            cand_theta = theta + frac * (proposal - theta)
-            trial = _replay_segments(segs, opened, cand, cand_theta, None)
-            replays += 1
-            tr = _residuals(runs, _predicted(trial, runs, cand, cand_theta))[1]
-            tl = _loss(tr, cand_theta[keep], mu[keep], sp[keep])
-            say(f"iteration {outer + 1}: step × {frac:g}: replayed loss {tl:.3f} "
-                f"(was {loss:.3f}); " + ", ".join(f"{n} {_fmt(n, math.exp(t))}"
-                                                   for n, t in zip(cand, cand_theta)))
-            if tl < loss:
-                theta, fps, loss, accepted = cand_theta, trial, tl, frac
-                break
-        history.append({"replay": replays, "loss": loss, "accepted": accepted,
+    history: list = []
+    replays = [1]
+
+    def descend(theta, fps, keep):
+        """The outer loop (module docstring) over the kept constants."""
+        rows, r, _ = _residuals(runs, _predicted(fps, runs, cand, theta))
+        loss, u = prob.replayed_loss(rows, r, theta, keep)
+        history.append({"replay": replays[0], "loss": loss, "accepted": 1.0,
                         "values": {n: float(np.exp(t)) for n, t in zip(cand, theta)}})
-        if not accepted:
-            say(f"iteration {outer + 1}: no step lowers the replayed loss: stop")
-            break
-        if accepted == 1.0 and move < 3 * TOLERANCE:
-            break
-    # Laplace at the last fixed point, over the fitted names
-    lap = None
-    if names_fit:
-        idx = np.flatnonzero(keep)
-        pred = _predicted(fps, runs, cand, theta, jac=True)
-        rows, r, J = _residuals(runs, pred)
-        Jf = J[:, idx]
-        prior = np.diag(1.0 / sp[idx] ** 2)
-        lap = gauss_newton(lambda th: jnp.asarray(r) + jnp.asarray(Jf) @ (th - theta[idx]),
-                           theta[idx], names_fit, to_value=jnp.exp, prior_precision=prior,
-                           jacobian=Jf)
+        say(f"loss {loss:.3f} over {len(r)} residuals; fitting "
+            + ", ".join(n for n, k in zip(cand, keep) if k)
+            + (f"; frozen: {', '.join(frozen)}" if frozen else ""))
+        for outer in range(max_outer):
+            if not keep.any():
+                break
+            proposal, pu = _inner(fps, prob, cand, theta, keep, u)
+            move = float(np.max(np.abs(proposal - theta)))
+            if move < TOLERANCE:
+                say(f"iteration {outer + 1}: the fixed point moves {move:.4f} in log: "
+                    "converged")
+                break
+            accepted = 0.0
+            for frac in (1.0, 0.5, 0.25):
+                trial_theta = theta + frac * (proposal - theta)
+                trial = _replay_segments(segs, opened, cand, trial_theta, None)
+                replays[0] += 1
+                tr_rows, tr, _ = _residuals(runs, _predicted(trial, runs, cand, trial_theta))
+                tl, tu = prob.replayed_loss(tr_rows, tr, trial_theta, keep, pu)
+                say(f"iteration {outer + 1}: step × {frac:g}: replayed loss {tl:.3f} "
+                    f"(was {loss:.3f}); " + ", ".join(f"{n} {_fmt(n, math.exp(t))}"
+                                                       for n, t in zip(cand, trial_theta)))
+                if tl < loss:
+                    theta, fps, loss, u, accepted = trial_theta, trial, tl, tu, frac
+                    break
+            history.append({"replay": replays[0], "loss": loss, "accepted": accepted,
+                            "values": {n: float(np.exp(t)) for n, t in zip(cand, theta)}})
+            if not accepted:
+                say(f"iteration {outer + 1}: no step lowers the replayed loss: stop")
+                break
+            if accepted == 1.0 and move < 3 * TOLERANCE:
+                break
+        return theta, fps, u
+
+    theta, fps, u = descend(theta, fps, keep)
+    lap = _laplace(fps, prob, cand, theta, keep, u) if keep.any() else None
+    dropped = [n for n in names_fit if lap is not None and not lap.identifiable[n]]
+    if dropped:
+        # constants the fitted groups do not pin at the fit (the data's own scatter, σ̂)
+        # keep their starting values; the others are fitted again without them
+        for n in dropped:
+            frozen[n] = (f"not identified at the fit ({lap.reason[n]} at the residual scale "
+                         f"{lap.sigma:.3f} of the fitted groups)")
+            theta[cand.index(n)] = math.log(start[n])
+        names_fit = [n for n in names_fit if n not in dropped]
+        keep = np.array([n in names_fit for n in cand])
+        say(f"not identified at the fit: {', '.join(dropped)}: back to their starting "
+            "values, the rest fitted again")
+        fps = _replay_segments(segs, opened, cand, theta, say)
+        replays[0] += 1
+        theta, fps, u = descend(theta, fps, keep)
+        lap = _laplace(fps, prob, cand, theta, keep, u) if keep.any() else None
+    replays = replays[0]
     values = {n: float(np.exp(t)) for n, t in zip(cand, theta)}
-    table = evaluate(runs, held, opened, cand, None, theta, sample=sample, after_fps=fps,
-                     log=say)
+    offsets = {m: float(x) for m, x in zip(prob.model_names, u)}
+    table = (evaluate(runs, held, opened, cand, None, theta, sample=sample, after_fps=fps,
+                      log=say) if evaluate_after else pd.DataFrame())
     deps = {r.label: describe(opened[id(r)]) for r in runs}
     return ServingFit(cls, tuple(names_fit), frozen, start, values, lap, runs, list(held),
                       table, history, replays, time.perf_counter() - t0,
-                      [dict(run=k, **v) for k, v in deps.items()])
+                      [dict(run=k, **v) for k, v in deps.items()], offsets)
+
+
+def _laplace(fps, prob: _Problem, cand, theta, keep, u) -> Laplace:
+    """The Gauss–Newton approximation at the last fixed point over the fitted constants and
+    the models' offsets, with the priors' precision; the residual scale is the robust one
+    of the groups (1.4826 × the median absolute residual, offsets removed, at least
+    :data:`SIGMA`), so a constant counts as identified only where the groups' own scatter
+    pins it."""
+    idx = np.flatnonzero(keep)
+    rows, r, J = _residuals(prob.runs, _predicted(fps, prob.runs, cand, theta, jac=True))
+    U = prob.offsets_matrix(rows)
+    X = np.hstack([J[:, idx], U])
+    base = np.concatenate([theta[idx], u])
+    names = [cand[i] for i in idx] + [f"offset:{m}" for m in prob.model_names]
+    prior = np.diag(np.concatenate([1.0 / prob.sp[idx] ** 2,
+                                    np.full(len(u), 1.0 / MODEL_SIGMA ** 2)]))
+    res0 = r + U @ u
+    sigma = max(SIGMA, 1.4826 * float(np.median(np.abs(res0)))) if len(res0) else SIGMA
+    n = len(idx)
+    return gauss_newton(lambda th: jnp.asarray(res0) + jnp.asarray(X) @ (th - base), base,
+                        names, prior_precision=prior, jacobian=X, sigma=sigma,
+                        to_value=lambda th: jnp.concatenate([jnp.exp(th[:n]), th[n:]]))
 
 
 def _fmt(name: str, v: float) -> str:
     return f"{v:.4f}" if name == "compute_derate" else f"{v * 1e6:.2f} µs"
-
-
-def _inner(fps, runs, names, theta, keep, mu, sp, upper, iterations: int = 12) -> np.ndarray:
-    """Damped Gauss–Newton (IRLS for soft-L1) of the loss on the fixed points, over the
-    kept names; returns the proposal θ."""
-    th = np.array(theta, float)
-    idx = np.flatnonzero(keep)
-    lam = 1e-3
-    cur = None
-    for _ in range(iterations):
-        pred = _predicted(fps, runs, names, th, jac=True)
-        _, r, J = _residuals(runs, pred)
-        if cur is None:
-            cur = _loss(r, th[idx], mu[idx], sp[idx])
-        z = r / SIGMA
-        w = 1.0 / np.sqrt(1.0 + z * z)           # IRLS weights of soft-L1 at δ = 1
-        Jk = J[:, idx] / SIGMA
-        A = Jk.T @ (w[:, None] * Jk) + np.diag(1.0 / sp[idx] ** 2)
-        b = Jk.T @ (w * z) + (th[idx] - mu[idx]) / sp[idx] ** 2
-        improved = False
-        for _ in range(8):
-            step = -np.linalg.solve(A + lam * np.diag(np.diag(A)), b)
-            trial = th.copy()
-            trial[idx] = np.minimum(th[idx] + step, upper[idx])
-            _, rt, _ = _residuals(runs, _predicted(fps, runs, names, trial))
-            lt = _loss(rt, trial[idx], mu[idx], sp[idx])
-            if lt < cur:
-                th, cur, lam, improved = trial, lt, max(lam / 3, 1e-6), True
-                break
-            lam *= 10
-        if not improved or np.max(np.abs(step)) < 1e-4:
-            break
-    return th
 
 
 # --------------------------------------------------------------------------------------

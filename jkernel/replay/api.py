@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .. import validate as _v
+from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
 from .sim import Pool, Simulation, StepRecord, ticks
@@ -156,12 +158,11 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
 
 
 def _check_start(pool: Pool) -> None:
-    """vLLM's start-up refusal for the pool (:func:`jkernel.memory.check_start`): no KV page
-    left, or a max_model_len the cache cannot hold. Raises :class:`jkernel.Refusal`."""
-    from .. import memory as _memory
-
+    """vLLM's start-up refusal for the pool (:func:`jkernel.startup.check_start`): no KV page
+    left, or a max_model_len (the kernel's resolved one) the cache cannot hold. Raises
+    :class:`jkernel.Refusal`."""
     lim = pool.limits
-    _memory.check_start(pool.kernel, max_model_len=lim.max_model_len or None,
+    check_start(pool.kernel, max_model_len=lim.max_model_len or None,
                         pool=f"pools[{pool.kernel.inputs.pool_index}]")
 
 
@@ -178,13 +179,14 @@ def _progress_bar(show: bool, total: int):
 def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
          clients: Clients | None = None, window: Window | None = None,
          record: bool = False) -> ReplayResult:
-    source = requests.attrs.get("source", "requests")
+    source = getattr(requests, "attrs", {}).get("source", "requests")
     df = validate_requests(requests, source=source)
     if clients is not None and not isinstance(clients, Clients):
-        raise TypeError(f"clients must be a jkernel.replay.Clients, not "
-                        f"{type(clients).__name__}")
+        raise _v.ArgumentError("clients", f"must be a jkernel.replay.Clients, not "
+                               f"{type(clients).__name__}")
     if window is not None and not isinstance(window, Window):
-        raise TypeError(f"window must be a jkernel.replay.Window, not {type(window).__name__}")
+        raise _v.ArgumentError("window", f"must be a jkernel.replay.Window, not "
+                               f"{type(window).__name__}")
     sessions = sessions_of(df, source)
     rejected, reasons = _reject(df, [p.limits for p in pools])
     for p in pools:
@@ -350,6 +352,9 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
         token (``ReplayResult.record``), for the serving fit to price them again.
     """
     del seed
+    _v.kernel("kernel", kernel)
+    if not isinstance(record, bool):
+        raise _v.ArgumentError("record", f"must be true or false, not {record!r}")
     return _run([Pool(kernel, clock=clock)], requests, progress, clients, window, record)
 
 
@@ -362,6 +367,7 @@ def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, 
     transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
     """
     del seed
+    _v.disaggregated_pair(prefill_kernel, decode_kernel)
     pre = Pool(prefill_kernel, name="prefill", clock=clock)
     dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
     return _run([pre, dec], requests, progress, clients, window)

@@ -502,4 +502,4 @@ def _block_size(p: dict) -> int:
     import jkernel
 
     with environment(dict(p["env"])):
-        return int(jkernel.open(p["deployment"]).settings["block_size"])
+        return int(jkernel.open(p["deployment"]).settings.block_size)

@@ -158,7 +158,7 @@ def describe(kernel) -> dict:
     """A kernel's deployment: chip, engine version, model, tp (the report's columns)."""
     sc = kernel.inputs.scenario
     return {"chip": str(sc.cluster.hardware), "engine_version": str(sc.engine_version),
-            "model": str(sc.model), "tp": int(kernel.resolved().tensor_parallel())}
+            "model": str(sc.model), "tp": int(kernel.resolution().tensor_parallel())}
 
 
 # --------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
     n = len(rec.scheduled)
     shape = shape or _shape(kernel, result, segment)
     N = shape.steps
-    threshold = int(kernel.settings.get("decode_threshold", 1))
+    threshold = int(kernel.settings.decode_threshold)
     batches = _batches(rec.scheduled, rec.computed, rec.pad, threshold, N, shape.width)
     eng = np.asarray(rec.engine, np.int64)
     engines = int(eng.max()) + 1 if n else 1

@@ -208,13 +208,14 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     """The run's request table as the replay reads it (:func:`jkernel.replay.load_requests`),
     with the trainval prefix-cache columns of hypothesis ``prefix``; the first ``limit``
     requests only when given."""
-    from jkernel.replay import load_requests
+    from jkernel.replay import validate_requests
 
-    df = load_requests(run.requests)
+    df = pd.read_csv(run.requests)
+    if run.source == "trainval":      # the prefix rule first: the replay refuses a group
+        df = _prefix_columns(df, prefix, block)     # column without its prefix length
+    df = validate_requests(df, source=str(run.requests))
     if limit:
         df = df.head(limit).copy()
-    if run.source == "trainval":
-        df = _prefix_columns(df, prefix, block)
     return df
 
 
@@ -466,11 +467,16 @@ def write_manifest(data: str | Path, path: str | Path) -> None:
     path = Path(path)
     rel = os.path.relpath(SCENARIOS, path.resolve().parent)
     doc = manifest_document(data, scenarios=Path(rel).as_posix())
-    head = ("# The serving runs of ../shared/data as a run manifest of the serving fit\n"
-            "# (jkernel/calibration/data/serving.py). Written by\n"
-            "#   python -m validation.serving_runs --data ../shared/data/serving-runs "
-            "--write-manifest validation/serving-runs.yaml\n"
-            "# Data paths are relative to the shared data folder: pass it as --data.\n")
+    if path.resolve().parent.is_relative_to(Path(data).resolve()):
+        # a manifest inside its data folder (the tests' excerpt) names it as its root
+        root = Path(os.path.relpath(Path(data).resolve(), path.resolve().parent)).as_posix()
+        doc = {"kind": doc["kind"], "version": doc["version"], "root": root,
+               "runs": doc["runs"]}
+    head = ("# The serving runs of a data folder (serving-runs/ and residency-vllm/) as a run\n"
+            "# manifest of the serving fit (jkernel/calibration/data/serving.py). Written by\n"
+            "#   python -m validation.serving_runs --data <data>/serving-runs "
+            f"--write-manifest {path.as_posix()}\n"
+            "# Data paths are relative to that data folder: pass it as --data (or root).\n")
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True),
                     encoding="utf-8")
 

@@ -71,6 +71,7 @@ The held-out split is by run, per source (:func:`held_out_runs`, the rule of
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -144,7 +145,8 @@ class ServingRun:
       env: environment variables the bundle is opened with.
       measured_ttft_s, measured_e2e_s: per-request timings aligned with ``requests`` (NaN
         for a request not measured), or None when only group means are known.
-      file: the manifest; ``index``: the run's position in it.
+      file: the manifest; ``index``: the run's position in it; ``sha256``: of the
+        requests file.
     """
 
     name: str
@@ -162,6 +164,7 @@ class ServingRun:
     measured_e2e_s: np.ndarray | None = field(default=None, repr=False)
     file: str = ""
     index: int = 0
+    sha256: str = ""
 
     @property
     def label(self) -> str:
@@ -451,9 +454,19 @@ def _load_run(p: dict, base: Path, split: str, file, block_size) -> ServingRun:
                         values(Quantity.E2E, bench.measured))
             clients = bench.clients if bench.clients.closed else None
         else:
-            from jkernel.replay import load_requests
+            from jkernel.replay import load_requests, validate_requests
 
-            df = load_requests(path)
+            raw = _read_table(path)
+            if "send_time_us" in raw.columns:          # a client trace: read as such
+                df = load_requests(path)
+            else:
+                # the prefix rule first: a group column without its prefix length is a
+                # table the replay refuses until the rule has said what the groups share
+                if p["prefix"] != "none" or ("prefix_group" in raw.columns
+                                             and "prefix_length" not in raw.columns):
+                    raw = prefix_columns(raw, p["prefix"], block_size or _block_size(p),
+                                         file=str(path))
+                df = validate_requests(raw, source=str(path))
             measured = per_request_timings(df, file=str(path))
     except ServingDataError:
         raise
@@ -465,9 +478,8 @@ def _load_run(p: dict, base: Path, split: str, file, block_size) -> ServingRun:
         raise r.error("groups", f"{path} has no column {gcol!r}")
     keys = (df[gcol].to_numpy(np.int64) if gcol is not None else np.full(len(df), -1,
                                                                          np.int64))
-    if p["prefix"] != "none":
-        block = block_size or _block_size(p)
-        df = prefix_columns(df, p["prefix"], block, file=str(path))
+    if p["prefix"] != "none" and fmt == "benchmark":
+        df = prefix_columns(df, p["prefix"], block_size or _block_size(p), file=str(path))
     if p["measured"] is not None:
         present = set(np.unique(keys).tolist())
         groups = []
@@ -492,9 +504,17 @@ def _load_run(p: dict, base: Path, split: str, file, block_size) -> ServingRun:
                                      labels=labels))
         if not groups:
             raise ServingDataError(str(path), "no request was measured")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return ServingRun(p["name"], p["source"], p["deployment"], df, tuple(groups), gcol,
                       p["clock"], split, p["fit_on"], clients, p["env"], ttft, e2e,
-                      file or "", p["index"])
+                      file or "", p["index"], digest)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """A request file as it is (CSV or Parquet), before the replay's validation."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return pd.read_parquet(path)
+    return pd.read_csv(path)
 
 
 def _block_size(p: dict) -> int:

@@ -45,9 +45,12 @@ neither steers the gradient nor decides the line search.
 
 **Uncertainty** is the Laplace (Gauss–Newton) approximation of
 :func:`~jkernel.calibration.fit.uncertainty.gauss_newton` at the last fixed point, with the
-priors' precision; identifiability is judged from the data alone, before the fit, at the
-first fixed point: a constant the groups cannot tell apart from the others is not fitted and
-keeps its starting value (and says so).
+priors' precision. Which constants are fitted is decided twice, from the data: before the
+fit, a constant whose effect on the groups the ones chosen before it (in :data:`ORDER`) and
+the models' offsets already explain is left out (:func:`choose`); after it, a constant the
+Laplace approximation does not pin (a data standard error above 0.5 in log at the groups'
+robust residual scale) goes back to its starting value and the rest are fitted again. A
+constant left out keeps its starting value, and the fit says why.
 
 **Speed: sampled groups.** Replaying every request of long runs at every iteration is the
 cost; with ``sample`` set, each group is replayed on its own: its first ``transient``
@@ -67,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
@@ -81,7 +85,8 @@ from .traces import log_price, zero_scale
 from .uncertainty import Laplace, gauss_newton
 
 __all__ = ["SERVING_CONSTANTS", "FRONT_END", "STEP", "PRIORS", "SIGMA", "TOLERANCE",
-           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "MODEL_SIGMA", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "choose",
+           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
+           "FRONT_END_BOUNDARIES", "OLDEST", "version_ranges", "MODEL_SIGMA", "COLLINEAR", "family_of", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "serving_classes", "choose",
            "Segment", "FixedPoint", "fixed_point", "segments_of", "ServingFit", "fit_serving",
            "evaluate", "group_table"]
 
@@ -126,6 +131,11 @@ SIGMA = 0.03
 #: Width (log) of a model's step offset (:class:`_Problem`): the primitive laws price a
 #: model's steps within about 10 % (docs/calibrate.md, the profile fits' held-out errors).
 MODEL_SIGMA = 0.10
+#: The largest robust residual scale (log) of a fit whose constants the catalog takes: where
+#: the fitted groups still scatter more than this around the fit, the laws' errors for these
+#: models (not the engine) set the groups, and constants fitted to them measure those errors
+#: (:attr:`ServingFit.accepted`).
+ACCEPT_SIGMA = 0.08
 #: Outer-loop stop: the largest move of a fitted constant, in log.
 TOLERANCE = 0.01
 #: At most this many replays of the fit runs after the first.
@@ -149,16 +159,76 @@ class DeploymentClass(NamedTuple):
         return f"{self.hardware}, vLLM {self.engine_version}"
 
 
+#: Releases at which vLLM changes what the constants measure (vllm-facts in docs/calibrate.md):
+#: the step's host work changes when asynchronous scheduling became the default (0.14.0);
+#: the front end when the API server's tokeniser batching window (2 ms) came (0.10.0) and
+#: went (after 0.23; 0.24.0 is the first release that may lack it, unconfirmed).
+STEP_BOUNDARIES = ("0.14.0",)
+FRONT_END_BOUNDARIES = ("0.10.0", "0.24.0")
+#: The oldest engine version jkernel's rules cover (documents/scenario.py ENGINE_VERSIONS).
+OLDEST = "0.8.0"
+
+
+def version_ranges(versions: Sequence[str], boundaries: Sequence[str]) -> dict:
+    """The engine versions each fitted version's entry covers (a
+    :class:`~jkernel.documents.coefficients.VersionRange` per version): from the start of
+    its era (the last boundary at or below it, or the version itself when an older fit
+    shares its era) up to the next fitted version's start; the oldest reaches down to
+    :data:`OLDEST` and the newest is open above, so every version selects the nearest
+    fitted entry, and provenance flags a version that is not a fitted one."""
+    from jkernel.documents.coefficients import VersionRange
+    from jkernel.documents.scenario import parse_version as pv
+
+    vs = sorted(set(versions), key=pv)
+    starts = []
+    for i, v in enumerate(vs):
+        if i == 0:
+            starts.append(OLDEST)
+            continue
+        between = [b for b in boundaries if pv(vs[i - 1]) < pv(b) <= pv(v)]
+        starts.append(between[-1] if between else v)
+    return {v: VersionRange(starts[i], starts[i + 1] if i + 1 < len(vs) else None)
+            for i, v in enumerate(vs)}
+
+
 def class_of(kernel) -> DeploymentClass:
     sc = kernel.inputs.scenario
     return DeploymentClass(str(sc.cluster.hardware), str(sc.engine_version))
 
 
+def serving_classes(runs: Sequence[ServingRun], kernels: dict | None = None) -> dict:
+    """The runs grouped by deployment class (:func:`class_of`), in first-seen order;
+    ``kernels`` (run label → kernel) is filled with each run's kernel as it is opened."""
+    kernels = {} if kernels is None else kernels
+    out: dict = {}
+    for run in runs:
+        if run.label not in kernels:
+            kernels[run.label] = run.kernel()
+        out.setdefault(class_of(kernels[run.label]), []).append(run)
+    return out
+
+
+_SIZE = re.compile(r"^\d+(\.\d+)?[bm]$")
+
+
+def family_of(model: str) -> str:
+    """A model's family for the reports: its name up to the parameter count
+    (``llama-3.1-70b-instruct`` → ``llama-3.1``, ``qwen2.5-7b-instruct`` → ``qwen2.5``)."""
+    parts = []
+    for piece in model.lower().split("-"):
+        if _SIZE.match(piece) or piece in ("instruct", "hf", "chat", "base"):
+            break
+        parts.append(piece)
+    return "-".join(parts) or model
+
+
 def describe(kernel) -> dict:
-    """A kernel's deployment: chip, engine version, model, tp (the report's columns)."""
+    """A kernel's deployment: chip, engine version, model, its family, tp (the report's
+    columns)."""
     sc = kernel.inputs.scenario
     return {"chip": str(sc.cluster.hardware), "engine_version": str(sc.engine_version),
-            "model": str(sc.model), "tp": int(kernel.resolution().tensor_parallel())}
+            "model": str(sc.model), "family": family_of(str(sc.model)),
+            "tp": int(kernel.resolution().tensor_parallel())}
 
 
 # --------------------------------------------------------------------------------------
@@ -468,19 +538,21 @@ class _Problem:
     steps. So each model of the class has an offset ``u_m`` added to the log ITL residuals
     of its groups, with a normal prior of width :data:`MODEL_SIGMA`: an error common to the
     class's models goes to the engine constants, one particular to a model to its offset.
-    The offsets are nuisance parameters: the kernel never prices with them."""
+    The offsets are nuisance parameters: the kernel never prices with them. A class with one
+    model has none: its engine constants and its one model's law error then cannot be told
+    apart by level, and the constants carry both (the report says so)."""
 
     def __init__(self, runs, models: Sequence[str], mu, sp, upper):
         self.runs = list(runs)
-        self.model_names = sorted(set(models))
-        self.model_of = [self.model_names.index(m) for m in models]
+        self.model_names = sorted(set(m for m in models if m))
+        self.model_of = [self.model_names.index(m) if m else -1 for m in models]
         self.mu, self.sp, self.upper = mu, sp, upper
 
     def offsets_matrix(self, rows) -> np.ndarray:
         """(rows, models): 1 where an ITL row belongs to a model."""
         U = np.zeros((len(rows), len(self.model_names)))
         for i, row in enumerate(rows):
-            if row.metric == "itl":
+            if row.metric == "itl" and self.model_of[row.run] >= 0:
                 U[i, self.model_of[row.run]] = 1.0
         return U
 
@@ -633,6 +705,28 @@ class ServingFit:
             return None
         return self.laplace.ci95[name]
 
+    @property
+    def sigma(self) -> float:
+        """The fitted groups' robust residual scale at the fit (log; nan without a fit)."""
+        return float(self.laplace.sigma) if self.laplace is not None else math.nan
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the catalog takes the fitted constants: something was fitted and the
+        groups' robust residual scale is at most :data:`ACCEPT_SIGMA`."""
+        return bool(self.names) and self.sigma <= ACCEPT_SIGMA
+
+    def verdict(self) -> str:
+        """Why the fit is or is not taken, in words."""
+        if not self.names:
+            return "nothing identified: no constant written"
+        if self.accepted:
+            return (f"taken: the fitted groups scatter {self.sigma:.3f} in log around the "
+                    f"fit (at most {ACCEPT_SIGMA})")
+        return (f"not taken: the fitted groups scatter {self.sigma:.3f} in log around the "
+                f"fit (above {ACCEPT_SIGMA}): the laws' errors for these models, not the "
+                "engine, set them")
+
 
 def priors(kernel, names: Sequence[str], theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The log-normal priors' centres and widths (log) of ``names`` on ``kernel``'s
@@ -661,51 +755,47 @@ ORDER = ("host_admission_per_request", "host_serial", "compute_derate",
          "host_serial_per_request", "host_admission_per_token")
 
 
-def choose(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None, *,
-           max_se: float = 0.5, rcond: float = 1e-9, null_loading: float = 0.05
+#: R² above which a constant's Jacobian column counts as explained by the columns chosen
+#: before it (:func:`choose`; the rule of :mod:`~jkernel.calibration.fit.stepfit`).
+COLLINEAR = 0.98
+
+
+def _r2(y: np.ndarray, X: np.ndarray) -> float:
+    """Share of ``y``'s variation about 0 that least squares on ``X``'s columns explains."""
+    if X.shape[1] == 0 or not np.any(y):
+        return 0.0 if np.any(y) else 1.0
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    return float(1.0 - np.sum((y - X @ coef) ** 2) / np.sum(y ** 2))
+
+
+def choose(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None
            ) -> dict[str, str]:
-    """Which of ``names`` the groups identify, judged from the data (the rule of
-    :func:`~jkernel.calibration.fit.uncertainty.gauss_newton`: no null direction, a data
-    standard error in ``log`` of at most ``max_se``) on the Jacobian ``J`` of the residuals
-    at the first fixed point, with the models' offsets (columns ``U``, their prior
-    :data:`MODEL_SIGMA`) marginalised: candidates join in :data:`ORDER` and one stays only
-    if every constant chosen so far stays identifiable with it. The constants' own priors
-    play no part, so a prior never makes a constant look measured. Name → "" (chosen) or
-    why not."""
+    """Which of ``names`` the groups can tell apart, before the fit: on the Jacobian ``J``
+    of the residuals at the first fixed point, candidates join in :data:`ORDER`, and one
+    whose column the columns chosen before it and the models' offsets (``U``) explain
+    (R² above :data:`COLLINEAR`) or which moves no fitted group is left out. How precisely
+    the groups pin a chosen constant is judged after the fit (:func:`_laplace`), at the
+    value it is fitted to. Name → "" (chosen) or why not."""
     names = list(names)
     if J.size == 0:
         return {n: "no fitted group measures it" for n in names}
     U = np.zeros((J.shape[0], 0)) if U is None else U
-    Huu = U.T @ U / SIGMA ** 2 + np.eye(U.shape[1]) / MODEL_SIGMA ** 2
-
-    def verdict(cols):
-        Jc = J[:, cols]
-        H = Jc.T @ Jc / SIGMA ** 2
-        if U.shape[1]:
-            Hcu = Jc.T @ U / SIGMA ** 2
-            H = H - Hcu @ np.linalg.solve(Huu, Hcu.T)
-        w, V = np.linalg.eigh(H)
-        top = float(np.max(w)) if w.size else 0.0
-        null = w <= rcond * top if top > 0 else np.ones_like(w, bool)
-        loading = np.sum(V[:, null] ** 2, axis=1) if null.any() else np.zeros(len(cols))
-        inv = np.where(null, 0.0, 1.0 / np.where(null, 1.0, w))
-        se = np.sqrt(np.maximum(np.diag((V * inv) @ V.T), 0.0))
-        return ["no curvature" if loading[i] > null_loading else
-                "ill-conditioned" if se[i] > max_se else "" for i in range(len(cols))]
-
     out: dict[str, str] = {}
     chosen: list[int] = []
     for n in sorted(names, key=lambda x: ORDER.index(x) if x in ORDER else len(ORDER)):
         i = names.index(n)
-        why = verdict(chosen + [i])
-        if not any(why):
-            chosen.append(i)
-            out[n] = ""
-        else:
-            reason = why[-1] or next(w for w in why if w)
-            others = [names[c] for c in chosen]
-            out[n] = reason + (f": the fitted groups move it together with "
-                               f"{', '.join(others)}" if others else "")
+        col = J[:, i]
+        if not np.any(np.abs(col) > 1e-9):
+            out[n] = "no curvature: it moves no fitted group"
+            continue
+        r2 = _r2(col, np.hstack([J[:, chosen], U]))
+        if r2 > COLLINEAR:
+            others = [names[c] for c in chosen] + (["the models' offsets"] if U.shape[1]
+                                                   else [])
+            out[n] = (f"collinear (R² {r2:.3f}) with " + ", ".join(others))
+            continue
+        chosen.append(i)
+        out[n] = ""
     return out
 
 
@@ -752,6 +842,8 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
     mu, sp = priors(k0, cand, theta)
     upper = np.array([math.log(UPPER[n]) if n in UPPER else np.inf for n in cand])
     models = [describe(opened[id(r)])["model"] for r in runs]
+    if len(set(models)) < 2:
+        models = [""] * len(models)          # one model: no offset (see _Problem)
     prob = _Problem(runs, models, mu, sp, upper)
     segs = [s for r in runs for s in segments_of(r, sample=sample)]
     say(f"{cls}: {len(runs)} fit runs in {len(segs)} replays; candidates {', '.join(cand)}")

@@ -57,7 +57,7 @@ __all__ = ["SOURCES", "METRICS", "PREFIX_HIT", "PREFIXES", "Run", "discover", "h
            "baseline", "medians", "prefix_study", "markdown", "manifest_document",
            "write_manifest", "main"]
 
-SOURCES = ("trainval", "llm-d", "llmservingsim")
+SOURCES = ("trainval", "llm-d", "llmservingsim", "residency")
 #: The compared statistics (seconds); ITL has no measured percentile in any source.
 METRICS = ("ttft_mean", "ttft_p90", "itl_mean", "e2e_mean", "e2e_p90")
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -123,7 +123,13 @@ class Run:
 
     @property
     def bundle(self) -> Path:
-        return SCENARIOS / f"{self.scenario}.yaml"
+        """The validation bundle, else the catalog scenario of that name (residency)."""
+        local = SCENARIOS / f"{self.scenario}.yaml"
+        if local.exists():
+            return local
+        from jkernel.catalog import scenario_path
+
+        return scenario_path(self.scenario)
 
     def describe(self) -> dict:
         """The bundle's model and chip, and the model family."""
@@ -170,6 +176,13 @@ def discover(root: str | Path, sources=SOURCES, runs=None) -> list[Run]:
             path = root / "llmservingsim" / run / "requests.csv"
             if path.exists():
                 out.append(Run("llmservingsim", run, scenario, path))
+    if "residency" in sources:
+        from jkernel.calibration.data.residency import DEFAULT_DEPLOYMENT
+
+        for run, folder in RESIDENCY.items():
+            path = root.parent / "residency-vllm" / folder / "trace.csv"
+            if path.exists():
+                out.append(Run("residency", run, DEFAULT_DEPLOYMENT, path))
     if runs:
         out = [r for r in out if r.run in runs]
     return out
@@ -208,8 +221,11 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     """The run's request table as the replay reads it (:func:`jkernel.replay.load_requests`),
     with the trainval prefix-cache columns of hypothesis ``prefix``; the first ``limit``
     requests only when given."""
-    from jkernel.replay import validate_requests
+    from jkernel.replay import load_requests, validate_requests
 
+    if run.source == "residency":                      # a client trace (send times)
+        df = load_requests(run.requests)
+        return df.head(limit).copy() if limit else df
     df = pd.read_csv(run.requests)
     if run.source == "trainval":      # the prefix rule first: the replay refuses a group
         df = _prefix_columns(df, prefix, block)     # column without its prefix length
@@ -251,9 +267,12 @@ def measured(run: Run, root: str | Path, requests: pd.DataFrame | None = None) -
                          "e2e_mean": r["e2e_mean_ms"] / 1e3, "e2e_p90": r["e2e_p90_ms"] / 1e3,
                          "itl_mean": (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / 1e3 / (out - 1)})
         return pd.DataFrame(rows)
-    df = requests if requests is not None else pd.read_csv(run.requests)
-    s = _stats(df["ttft_us"].to_numpy() / 1e6, df["e2e_us"].to_numpy() / 1e6,
-               df["output_tokens"].to_numpy())
+    df = requests if requests is not None else requests_for(run)
+    from jkernel.calibration.data.serving import per_request_timings
+
+    ttft, e2e = per_request_timings(df, file=str(run.requests))
+    ok = np.isfinite(ttft) & np.isfinite(e2e)
+    s = _stats(ttft[ok], e2e[ok], df["output_tokens"].to_numpy()[ok])
     return pd.DataFrame([{"group": "all", "stage": -1, **s}])
 
 
@@ -310,8 +329,9 @@ def open_kernel(scenario: str):
     import jkernel
 
     env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if scenario in LONG_MAX_MODEL_LEN else {}
+    local = SCENARIOS / f"{scenario}.yaml"
     with _env(**env):
-        return jkernel.open(SCENARIOS / f"{scenario}.yaml")
+        return jkernel.open(local if local.exists() else scenario)
 
 
 def replay_run(run: Run, root: str | Path, kernel=None, *, prefix: str = PREFIX_HIT,

@@ -277,7 +277,8 @@ def segments_of(run: ServingRun, *, sample: int = SAMPLE,
     for i, idx, m, s in plans:
         n = len(idx)
         take = idx[:m + s]
-        sub = df.iloc[take].reset_index(drop=True)
+        sub = df.iloc[take].reset_index(drop=True).drop(columns=["arrival_time_us"],
+                                                         errors="ignore")
         sub["arrival_s"] = sub["arrival_s"] - float(sub["arrival_s"].iloc[0])
         pos = np.full(len(take), i, np.int64)
         w = np.zeros(len(take))

@@ -285,3 +285,26 @@ def test_parse_manifest_anchors_relative_paths_at_the_given_root(tmp_path):
     doc = _doc()
     (run,) = parse_manifest(doc, file=str(tmp_path / "m.yaml"), root=tmp_path / "data")
     assert run.requests.attrs["source"].endswith("r1.csv")
+
+
+def test_merging_version_scoped_entries_keeps_disjoint_versions_side_by_side():
+    """The regeneration's replacement rule: a new entry for a chip and a version range
+    takes the chip from an unversioned entry of the same name, and entries of one name and
+    chip for disjoint versions live side by side."""
+    from jkernel.calibration.regenerate import merge_entries
+    from jkernel.documents.coefficients import Entry, Scope, VersionRange
+
+    def e(value, hw, ev=None):
+        return Entry("host_admission_per_request", value, "us_per_request",
+                     "fitted" if value else "not_charged", bool(value),
+                     Scope(hardware=hw, engine_version=ev), rationale="r")
+
+    old = [e(0.0, ("a100-sxm", "h100"))]
+    new = [e(5000.0, ("a100-sxm", "h100"), VersionRange("0.10.0", "0.23.0")),
+           e(6800.0, ("a100-sxm", "h100"), VersionRange("0.23.0"))]
+    out = merge_entries(old, new)
+    assert [x.value for x in out] == [5000.0, 6800.0]
+    again = merge_entries(out, [e(7000.0, ("h100",), VersionRange("0.23.0"))])
+    kept = {(x.value, x.scope.hardware) for x in again}
+    assert kept == {(5000.0, ("a100-sxm", "h100")), (6800.0, ("a100-sxm",)),
+                    (7000.0, ("h100",))}

@@ -47,10 +47,11 @@ neither steers the gradient nor decides the line search.
 :func:`~jkernel.calibration.fit.uncertainty.gauss_newton` at the last fixed point, with the
 priors' precision. Which constants are fitted is decided twice, from the data: before the
 fit, a constant whose effect on the groups the ones chosen before it (in :data:`ORDER`) and
-the models' offsets already explain is left out (:func:`choose`); after it, a constant the
-Laplace approximation does not pin (a data standard error above 0.5 in log at the groups'
-robust residual scale) goes back to its starting value and the rest are fitted again. A
-constant left out keeps its starting value, and the fit says why.
+the models' offsets (when asked for) already explain is left out (:func:`choose`); after it,
+a constant the Laplace approximation does not pin (a data standard error above 0.5 in log
+at the groups' robust residual scale, :func:`pinned`) goes back to its starting value and
+the rest are fitted again. A constant left out keeps its starting value, and the fit says
+why.
 
 **Speed: sampled groups.** Replaying every request of long runs at every iteration is the
 cost; with ``sample`` set, each group is replayed on its own: its first ``transient``
@@ -85,7 +86,7 @@ from .traces import log_price, zero_scale
 from .uncertainty import Laplace, gauss_newton
 
 __all__ = ["SERVING_CONSTANTS", "FRONT_END", "STEP", "PRIORS", "SIGMA", "TOLERANCE",
-           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
+           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "pinned", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
            "FRONT_END_BOUNDARIES", "OLDEST", "version_ranges", "MODEL_SIGMA", "COLLINEAR", "family_of", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "serving_classes", "choose",
            "Segment", "FixedPoint", "fixed_point", "segments_of", "ServingFit", "fit_serving",
            "evaluate", "group_table"]
@@ -800,14 +801,63 @@ def choose(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None
     return out
 
 
+def pinned(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None, *,
+           sigma: float = SIGMA, max_se: float = 0.5, rcond: float = 1e-9,
+           null_loading: float = 0.05) -> dict[str, str]:
+    """Which of ``names`` the groups pin at the fit (the rule of
+    :func:`~jkernel.calibration.fit.uncertainty.gauss_newton`: no null direction and a data
+    standard error of at most ``max_se`` in log, at residual scale ``sigma``), on the
+    Jacobian ``J`` at the fitted point with the models' offsets (columns ``U``, their prior
+    :data:`MODEL_SIGMA`) marginalised: constants join in :data:`ORDER` and one stays only if
+    every constant chosen so far stays pinned with it. The constants' own priors play no
+    part. Name → "" (pinned) or why not."""
+    names = list(names)
+    U = np.zeros((J.shape[0], 0)) if U is None else U
+    Huu = U.T @ U / sigma ** 2 + np.eye(U.shape[1]) / MODEL_SIGMA ** 2
+
+    def verdict(cols):
+        Jc = J[:, cols]
+        H = Jc.T @ Jc / sigma ** 2
+        if U.shape[1]:
+            Hcu = Jc.T @ U / sigma ** 2
+            H = H - Hcu @ np.linalg.solve(Huu, Hcu.T)
+        w, V = np.linalg.eigh(H)
+        top = float(np.max(w)) if w.size else 0.0
+        null = w <= rcond * top if top > 0 else np.ones_like(w, bool)
+        loading = np.sum(V[:, null] ** 2, axis=1) if null.any() else np.zeros(len(cols))
+        inv = np.where(null, 0.0, 1.0 / np.where(null, 1.0, w))
+        se = np.sqrt(np.maximum(np.diag((V * inv) @ V.T), 0.0))
+        return ["no curvature" if loading[i] > null_loading else
+                f"ill-conditioned (data standard error {se[i]:.2f} in log)"
+                if se[i] > max_se else "" for i in range(len(cols))]
+
+    out: dict[str, str] = {}
+    chosen: list[int] = []
+    for n in sorted(names, key=lambda x: ORDER.index(x) if x in ORDER else len(ORDER)):
+        i = names.index(n)
+        why = verdict(chosen + [i])
+        if not any(why):
+            chosen.append(i)
+            out[n] = ""
+        else:
+            others = [names[c] for c in chosen]
+            out[n] = (why[-1] or "it unpins " + ", ".join(
+                names[c] for c, w in zip(chosen, why) if w)) + (
+                f"; with {', '.join(others)}" if others else "")
+    return out
+
+
 def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, *,
                 held: Sequence[ServingRun] = (), sample: int = SAMPLE,
                 max_outer: int = MAX_OUTER, log: Callable[[str], None] | None = None,
-                kernels: dict | None = None, evaluate_after: bool = True) -> ServingFit:
+                kernels: dict | None = None, evaluate_after: bool = True,
+                model_offsets: bool = False) -> ServingFit:
     """Fit ``names`` (default: :data:`SERVING_CONSTANTS`) to the ``runs`` of one
     deployment class (module docstring), and evaluate before and after on ``runs`` and
     ``held`` (``evaluate_after`` False: no evaluation). ``kernels``: run label → its
-    kernel, when already open."""
+    kernel, when already open. ``model_offsets``: give each model a step offset
+    (:class:`_Problem`); off by default, because an offset also absorbs what a per-step
+    constant does to that model's ITL, leaving the constant to the TTFTs alone."""
     import jkernel
 
     jkernel.enable_x64()
@@ -843,8 +893,8 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
     mu, sp = priors(k0, cand, theta)
     upper = np.array([math.log(UPPER[n]) if n in UPPER else np.inf for n in cand])
     models = [describe(opened[id(r)])["model"] for r in runs]
-    if len(set(models)) < 2:
-        models = [""] * len(models)          # one model: no offset (see _Problem)
+    if not model_offsets or len(set(models)) < 2:
+        models = [""] * len(models)          # no offsets (see _Problem)
     prob = _Problem(runs, models, mu, sp, upper)
     segs = [s for r in runs for s in segments_of(r, sample=sample)]
     say(f"{cls}: {len(runs)} fit runs in {len(segs)} replays; candidates {', '.join(cand)}")
@@ -902,12 +952,18 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
 
     theta, fps, u = descend(theta, fps, keep)
     lap = _laplace(fps, prob, cand, theta, keep, u) if keep.any() else None
-    dropped = [n for n in names_fit if lap is not None and not lap.identifiable[n]]
-    if dropped:
+    dropped = {}
+    if lap is not None and not all(lap.identifiable[n] for n in names_fit):
         # constants the fitted groups do not pin at the fit (the data's own scatter, σ̂)
-        # keep their starting values; the others are fitted again without them
-        for n in dropped:
-            frozen[n] = (f"not identified at the fit ({lap.reason[n]} at the residual scale "
+        # keep their starting values, chosen again in ORDER at the fitted point; the
+        # others are fitted again without them
+        rows, r, J = _residuals(runs, _predicted(fps, runs, cand, theta, jac=True))
+        idx = [cand.index(n) for n in names_fit]
+        verdict = pinned(J[:, idx], names_fit, prob.offsets_matrix(rows), sigma=lap.sigma)
+        dropped = {n: why for n, why in verdict.items() if why}
+    if dropped:
+        for n, why in dropped.items():
+            frozen[n] = (f"not identified at the fit ({why}, at the residual scale "
                          f"{lap.sigma:.3f} of the fitted groups)")
             theta[cand.index(n)] = math.log(start[n])
         names_fit = [n for n in names_fit if n not in dropped]

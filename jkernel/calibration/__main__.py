@@ -232,8 +232,8 @@ def cmd_serving(a) -> int:
     name = a.set_name or out.stem
     for f in fits:
         say(f"{f.cls}: {f.verdict()}")
-    taken = [f for f in fits if f.accepted or a.write_all]
-    entries = serving_set(taken, command=command, front_end_hardware=a.front_end_hardware)
+    entries = serving_set(fits, command=command, front_end_hardware=a.front_end_hardware,
+                          taken_only=not a.write_all)
     write_coefficient_set(out, name, entries, header=(
         f"{name}: engine-level constants fitted from serving runs by jkernel's calibration.\n"
         f"Reproduce with: {command}\nEvery entry: method fitted, scoped by chip and engine "
@@ -328,8 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chips the front-end entries apply to (host CPU work; default: the "
                         "fit's chip)")
     v.add_argument("--write-all", action="store_true",
-                   help="write every fit's identified constants, also those of a fit whose "
-                        "groups scatter more than the catalog takes (ACCEPT_SIGMA)")
+                   help="write every constant the fits identified, also step constants of a "
+                        "fit whose ITLs scatter more than the catalog takes (ACCEPT_SIGMA), "
+                        "each for its fit's engine version only")
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=cmd_serving)
 

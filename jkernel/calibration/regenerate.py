@@ -46,9 +46,10 @@ kept, with a note.
 5. **Serving constants** (``--serving MANIFEST --serving-data DIR``): every deployment class
    (chip, engine version) of the run manifest with fit runs is fitted by
    :func:`jkernel.calibration.fit.serving.fit_serving` (the front end only where stage 4's
-   step traces measured the class's step constants); a fit the catalog takes
-   (:attr:`~jkernel.calibration.fit.serving.ServingFit.accepted`: its fitted groups scatter
-   at most :data:`~jkernel.calibration.fit.serving.ACCEPT_SIGMA` around it) is written
+   step traces measured the class's step constants); what the catalog takes of each fit
+   (:meth:`~jkernel.calibration.fit.serving.ServingFit.taken`: the front end where the fit
+   pins it, step constants only where the fitted ITLs scatter at most
+   :data:`~jkernel.calibration.fit.serving.ACCEPT_SIGMA` around it) is written
    scoped by chip and engine version (front-end constants for every chip of the catalog),
    each entry with the deployments it was fitted on (``fitted_on``); ``host_completion`` is
    measured from the residency runs' chunk times (``--steps`` or ``DIR/residency-vllm``).
@@ -523,7 +524,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     """Stage 5 of the module docstring: the serving fit of every deployment class of the
     run manifest with fit runs (:func:`jkernel.calibration.fit.serving.fit_serving`; the
     front end only where step traces measured the class's step constants,
-    :func:`front_end_only`), the fits the catalog takes (:attr:`ServingFit.accepted`)
+    :func:`front_end_only`), what the catalog takes of them (:meth:`ServingFit.taken`)
     written scoped by chip and engine version (front-end constants for every chip of the
     catalog), ``host_completion`` measured from ``residency``'s chunk times. Returns
     ``{"fits", "written", "checks", "failed", "report"}``."""

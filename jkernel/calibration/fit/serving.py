@@ -50,7 +50,9 @@ fit, a constant whose effect on the groups the ones chosen before it (in :data:`
 the models' offsets (when asked for) already explain is left out (:func:`choose`); after it,
 a constant the Laplace approximation does not pin (a data standard error above 0.5 in log
 at the groups' robust residual scale, :func:`pinned`) goes back to its starting value and
-the rest are fitted again. A constant left out keeps its starting value, and the fit says
+the rest are fitted again; and step constants go back too where the fitted groups' ITLs
+still scatter more than :data:`ACCEPT_SIGMA` around the fit (the laws' errors, not the
+engine, set those steps). A constant left out keeps its starting value, and the fit says
 why.
 
 **Speed: sampled groups.** Replaying every request of long runs at every iteration is the
@@ -132,10 +134,12 @@ SIGMA = 0.03
 #: Width (log) of a model's step offset (:class:`_Problem`): the primitive laws price a
 #: model's steps within about 10 % (docs/calibrate.md, the profile fits' held-out errors).
 MODEL_SIGMA = 0.10
-#: The largest robust residual scale (log) of a fit whose constants the catalog takes: where
-#: the fitted groups still scatter more than this around the fit, the laws' errors for these
-#: models (not the engine) set the groups, and constants fitted to them measure those errors
-#: (:attr:`ServingFit.accepted`).
+#: The largest robust scatter (log) of the fitted groups' ITLs around a fit that keeps step
+#: constants: where the ITLs still scatter more than this, the primitive laws' errors for
+#: these models (not the engine) set the steps, and step constants fitted to them would
+#: measure those errors, so :func:`fit_serving` puts them back to their starting values and
+#: fits the front end alone. The front end, an additive time before the first step, is kept
+#: wherever the fit pins it (its interval carries the groups' scatter).
 ACCEPT_SIGMA = 0.08
 #: Outer-loop stop: the largest move of a fitted constant, in log.
 TOLERANCE = 0.01
@@ -685,6 +689,8 @@ class ServingFit:
       replays: replays of the fit runs; ``wall_s``: seconds.
       deployments: each fit run's chip, engine version, model and tp (the provenance).
       offsets: each model's step offset (log, a nuisance of the fit: :class:`_Problem`).
+      scatter: per fitted metric (``ttft``, ``itl``), the robust scatter (log) of the fit
+        groups' residuals at the fit: 1.4826 × their median absolute value.
     """
 
     cls: DeploymentClass
@@ -701,6 +707,7 @@ class ServingFit:
     wall_s: float = 0.0
     deployments: list = field(default_factory=list)
     offsets: dict = field(default_factory=dict)
+    scatter: dict = field(default_factory=dict)
 
     def ci95(self, name: str):
         if self.laplace is None or name not in self.laplace.names:
@@ -712,22 +719,26 @@ class ServingFit:
         """The fitted groups' robust residual scale at the fit (log; nan without a fit)."""
         return float(self.laplace.sigma) if self.laplace is not None else math.nan
 
+    def taken(self) -> tuple[str, ...]:
+        """The fitted constants the catalog takes: every one the fit kept. (Step constants
+        whose fitted groups' ITLs scatter more than :data:`ACCEPT_SIGMA` around the fit
+        are not kept: :func:`fit_serving` puts them back and refits the rest.)"""
+        return tuple(self.names)
+
     @property
     def accepted(self) -> bool:
-        """Whether the catalog takes the fitted constants: something was fitted and the
-        groups' robust residual scale is at most :data:`ACCEPT_SIGMA`."""
-        return bool(self.names) and self.sigma <= ACCEPT_SIGMA
+        """Whether the catalog takes any of the fitted constants (:meth:`taken`)."""
+        return bool(self.taken())
 
     def verdict(self) -> str:
-        """Why the fit is or is not taken, in words."""
+        """What the catalog takes of the fit, in words."""
         if not self.names:
             return "nothing identified: no constant written"
-        if self.accepted:
-            return (f"taken: the fitted groups scatter {self.sigma:.3f} in log around the "
-                    f"fit (at most {ACCEPT_SIGMA})")
-        return (f"not taken: the fitted groups scatter {self.sigma:.3f} in log around the "
-                f"fit (above {ACCEPT_SIGMA}): the laws' errors for these models, not the "
-                "engine, set them")
+        itl = self.scatter.get("itl", math.nan)
+        return (f"taken: {', '.join(self.names)} (fitted groups' scatter in log: "
+                + ", ".join(f"{m} {v:.3f}" for m, v in self.scatter.items()) + ")"
+                + ("" if all(n in FRONT_END for n in self.names) or not math.isfinite(itl)
+                   else f"; step constants kept as ITL scatter ≤ {ACCEPT_SIGMA}"))
 
 
 def priors(kernel, names: Sequence[str], theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -961,19 +972,39 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
         idx = [cand.index(n) for n in names_fit]
         verdict = pinned(J[:, idx], names_fit, prob.offsets_matrix(rows), sigma=lap.sigma)
         dropped = {n: why for n, why in verdict.items() if why}
-    if dropped:
-        for n, why in dropped.items():
-            frozen[n] = (f"not identified at the fit ({why}, at the residual scale "
-                         f"{lap.sigma:.3f} of the fitted groups)")
+    def scatter_of(fps, theta) -> dict:
+        rows, r, _ = _residuals(runs, _predicted(fps, runs, cand, theta))
+        return {m: 1.4826 * float(np.median(np.abs([x for x, row in zip(r, rows)
+                                                   if row.metric == m])))
+                for m in sorted({row.metric for row in rows})}
+
+    def refit_without(drop: dict, why_all: str):
+        """Back to their starting values, and the rest fitted again."""
+        nonlocal theta, fps, u, lap, names_fit, keep
+        for n, why in drop.items():
+            frozen[n] = why
             theta[cand.index(n)] = math.log(start[n])
-        names_fit = [n for n in names_fit if n not in dropped]
+        names_fit = [n for n in names_fit if n not in drop]
         keep = np.array([n in names_fit for n in cand])
-        say(f"not identified at the fit: {', '.join(dropped)}: back to their starting "
-            "values, the rest fitted again")
+        say(f"{why_all}: {', '.join(drop)}: back to their starting values, the rest fitted "
+            "again")
         fps = _replay_segments(segs, opened, cand, theta, say)
         replays[0] += 1
         theta, fps, u = descend(theta, fps, keep)
         lap = _laplace(fps, prob, cand, theta, keep, u) if keep.any() else None
+
+    if dropped:
+        refit_without({n: f"not identified at the fit ({why}, at the residual scale "
+                          f"{lap.sigma:.3f} of the fitted groups)" for n, why in
+                       dropped.items()}, "not identified at the fit")
+    scatter = scatter_of(fps, theta)
+    steps = [n for n in names_fit if n not in FRONT_END]
+    if steps and scatter.get("itl", math.inf) > ACCEPT_SIGMA:
+        refit_without({n: f"not taken: the fitted groups' ITLs scatter "
+                          f"{scatter.get('itl', math.inf):.3f} in log around the fit (above "
+                          f"{ACCEPT_SIGMA}): the laws' errors for these models, not the "
+                          "engine, set the steps" for n in steps}, "not taken")
+        scatter = scatter_of(fps, theta)
     replays = replays[0]
     values = {n: float(np.exp(t)) for n, t in zip(cand, theta)}
     offsets = {m: float(x) for m, x in zip(prob.model_names, u)}
@@ -982,7 +1013,7 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
     deps = {r.label: describe(opened[id(r)]) for r in runs}
     return ServingFit(cls, tuple(names_fit), frozen, start, values, lap, runs, list(held),
                       table, history, replays, time.perf_counter() - t0,
-                      [dict(run=k, **v) for k, v in deps.items()], offsets)
+                      [dict(run=k, **v) for k, v in deps.items()], offsets, scatter)
 
 
 def _laplace(fps, prob: _Problem, cand, theta, keep, u) -> Laplace:

@@ -282,34 +282,40 @@ SERVING_METRIC = {"host_admission_per_request": "ttft_mean",
                   "host_serial_per_request": "itl_mean", "compute_derate": "itl_mean"}
 
 
-def serving_set(fits, *, command: str, front_end_hardware: Sequence[str] | None = None
-                ) -> list[Entry]:
-    """The entries of several serving fits (:func:`serving_entries`), each scoped to the
-    engine versions its fit stands for: per constant and chip, the fitted versions split
-    the versions at the boundaries of :mod:`jkernel.calibration.fit.serving`
+def serving_set(fits, *, command: str, front_end_hardware: Sequence[str] | None = None,
+                taken_only: bool = True) -> list[Entry]:
+    """The entries of several serving fits (:func:`serving_entries`): what the catalog takes
+    of each (:meth:`~jkernel.calibration.fit.serving.ServingFit.taken`; every identified
+    constant with ``taken_only`` False), each scoped to the engine versions its fit stands
+    for: per constant and chip, the fitted versions split the versions at the boundaries of
+    :mod:`jkernel.calibration.fit.serving`
     (:func:`~jkernel.calibration.fit.serving.version_ranges`)."""
+    chosen = {id(f): (f.taken() if taken_only else f.names) for f in fits}
     import hashlib
 
     from ..fit.serving import FRONT_END, FRONT_END_BOUNDARIES, STEP_BOUNDARIES, version_ranges
 
     versions: dict = {}
     for fit in fits:
-        for name in fit.names:
+        for name in chosen[id(fit)]:
             versions.setdefault((name, fit.cls.hardware), []).append(fit.cls.engine_version)
     out = []
     for fit in fits:
+        if not chosen[id(fit)]:
+            continue
         sha = hashlib.sha256(";".join(sorted(r.sha256 for r in fit.runs)).encode()).hexdigest()
         ranges = {name: version_ranges(versions[(name, fit.cls.hardware)],
                                        FRONT_END_BOUNDARIES if name in FRONT_END
                                        else STEP_BOUNDARIES)[fit.cls.engine_version]
-                  for name in fit.names}
+                  for name in chosen[id(fit)]}
         out += serving_entries(fit, command=command, sha256=sha, hardware=front_end_hardware,
-                               engine_versions=ranges)
+                               engine_versions=ranges, names=chosen[id(fit)])
     return out
 
 
 def serving_entries(fit, *, command: str, sha256: str, hardware: Sequence[str] | None = None,
-                    engine_versions: Mapping | None = None) -> list[Entry]:
+                    engine_versions: Mapping | None = None,
+                    names: Sequence[str] | None = None) -> list[Entry]:
     """Catalog entries of a :class:`jkernel.calibration.fit.serving.ServingFit`: each
     constant the fit identified, with its value, standard error and 95 % interval (Laplace),
     the held-out error of the group metric it acts on, the runs it was fitted on and the
@@ -330,7 +336,7 @@ def serving_entries(fit, *, command: str, sha256: str, hardware: Sequence[str] |
                          model=tuple(sorted({d["model"] for d in fit.deployments})),
                          tp=tuple(sorted({int(d["tp"]) for d in fit.deployments})))
     out = []
-    for name in fit.names:
+    for name in (fit.names if names is None else names):
         metric = SERVING_METRIC.get(name, "itl_mean")
         held = _abs_log_errors(fit.table, metric, "held-out")
         rationale = (f"Engine-level constant fitted from serving runs ({cite}): "

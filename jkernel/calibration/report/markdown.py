@@ -216,7 +216,7 @@ def serving_report(fits, *, command: str, manifest: str) -> str:
         out += [f"## {fit.cls}", "",
                 f"{len(fit.runs)} fit runs, {len(fit.held)} held-out runs; {fit.replays} "
                 f"replays of the fit runs; {fit.wall_s:.0f} s. Verdict: {fit.verdict()}.", "",
-                "| constant | before | after | 95 % interval | |", "|---|---:|---:|---|---|"]
+                "| constant | start | fitted | 95 % interval | |", "|---|---:|---:|---|---|"]
         lap = fit.laplace
         for name in fit.start:
             ci = lap.ci95.get(name) if (lap is not None and name in lap.names) else None
@@ -226,7 +226,8 @@ def serving_report(fits, *, command: str, manifest: str) -> str:
                        + (f"[{_fmt(ci[0], name)}, {_fmt(ci[1], name)}]" if ci else "—")
                        + f" | {status} |")
         out.append("")
-        out.append("Units as the catalog states them (µs for host times). "
+        out.append("Units as the catalog states them (µs for host times); *start* is the "
+                   "catalog's value, or the prior's centre where the catalog charges 0. "
                    + "; ".join(f"`{n}`: {SERVING_CONSTANTS[n]}" for n in fit.names))
         if fit.offsets:
             out += ["", "Models' step offsets (log; a nuisance of the fit, never priced): "

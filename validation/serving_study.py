@@ -125,16 +125,16 @@ def acceptance(t: pd.DataFrame) -> list[dict]:
         for m, (each, med) in TARGETS.items():
             for when in ("before", "after"):
                 e = g[f"{m}_error_{when}"].abs()
-                miss = g.loc[e > each, ["run", "group"]].astype(str).agg(" ".join, axis=1)
+                miss = [f"{r} {grp}" for r, grp, x in zip(g["run"], g["group"], e) if x > each]
                 out.append({"source": source, "metric": m, "when": when,
                             "median_abs": float(e.median()), "median_bound": med,
                             "each_bound": each, "holds": bool(e.median() <= med and
-                                                              not len(miss)),
-                            "misses": list(miss)})
+                                                              not miss),
+                            "misses": miss})
     lost = t[(t["replayed_before"] >= t["requests"]) & (t["replayed_after"] < t["requests"])]
     out.append({"source": "all", "metric": "replays", "when": "after", "median_abs": np.nan,
                 "median_bound": np.nan, "each_bound": np.nan, "holds": lost.empty,
-                "misses": list(lost["run"].astype(str) + " " + lost["group"].astype(str))})
+                "misses": [f"{r} {grp}" for r, grp in zip(lost["run"], lost["group"])]})
     return out
 
 

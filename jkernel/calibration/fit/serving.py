@@ -440,8 +440,8 @@ def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
 
 @functools.lru_cache(maxsize=64)
 def _program(step_fn, names: tuple[str, ...], groups: int):
-    """``(θ, base, arrays) → (Σw·ttft, Σw·e2e, Σw)`` per group, and its Jacobian in θ,
-    jitted (cached per step function, names and group count)."""
+    """``(θ, base, arrays) → (Σw·ttft, Σw·e2e, Σw)`` per group, jitted, and the same with
+    its Jacobian in θ (cached per step function, names and group count)."""
     from ... import overheads
 
     price = log_price(step_fn, "expected_s", names)
@@ -459,7 +459,8 @@ def _program(step_fn, names: tuple[str, ...], groups: int):
         seg = lambda x: jax.ops.segment_sum(x, a.group, num_segments=groups)  # noqa: E731
         return jnp.stack([seg(a.weight * ttft), seg(a.weight * e2e), seg(a.weight)])
 
-    return jax.jit(lambda th, base, a: (sums(th, base, a), jax.jacfwd(sums)(th, base, a)))
+    return (jax.jit(sums),
+            jax.jit(lambda th, base, a: (sums(th, base, a), jax.jacfwd(sums)(th, base, a))))
 
 
 def _theta_of(fp: FixedPoint, names: Sequence[str], theta: np.ndarray) -> np.ndarray:
@@ -468,11 +469,11 @@ def _theta_of(fp: FixedPoint, names: Sequence[str], theta: np.ndarray) -> np.nda
 
 
 def _sums(fp: FixedPoint, names, theta, jac: bool):
-    program = _program(fp.kernel.step_fn, fp.names, fp.groups)
+    value, both = _program(fp.kernel.step_fn, fp.names, fp.groups)
     th = jnp.asarray(_theta_of(fp, names, theta))
-    v, J = program(th, fp.kernel.params, fp.arrays)
     if not jac:
-        return np.asarray(v), None
+        return np.asarray(value(th, fp.kernel.params, fp.arrays)), None
+    v, J = both(th, fp.kernel.params, fp.arrays)
     Jfull = np.zeros((3, fp.groups, len(names)))
     for i, n in enumerate(fp.names):
         Jfull[:, :, list(names).index(n)] = np.asarray(J)[:, :, i]

@@ -224,7 +224,9 @@ def _provenance_row(k) -> dict:
     return {"scenario": k.inputs.scenario.name, "pool": k.inputs.pool_index,
             "role": k.pool().role, "evidenced": ev, "values": total,
             "assumed": list(assumed),
-            "entries": [{"name": p.name, "set": p.set, "method": p.method, "scope": p.scope}
+            "entries": [{"name": p.name, "set": p.set, "method": p.method, "scope": p.scope,
+                         **({"fitted_on": p.fitted_on} if p.fitted_on else {}),
+                         **({"outside_fitted": p.outside} if p.outside else {})}
                         for p in k.provenance()],
             "overrides": [{"field": o.field, "requested": o.requested,
                            "resolved": o.resolved, "reason": o.reason}
@@ -241,8 +243,16 @@ def _cmd_provenance(args) -> int:
         print(_title(k))
         ev, total, assumed = k.evidence()
         print(f"  {ev} of {total} values evidenced; {len(assumed)} assumed")
+        outside = [p for p in k.provenance() if p.outside]
         for p in k.provenance():
             print(f"  {p.name:<56} {p.set:<28} {p.method:<12} {p.scope}")
+            if p.fitted_on:
+                print(f"  {'':<56} fitted on: {p.fitted_on}")
+            if p.outside:
+                print(f"  {'':<56} ! outside the data it was fitted on: {p.outside}")
+        if outside:
+            print(f"  {len(outside)} fitted value(s) used outside the deployments they were "
+                  "fitted on (borrowed, not measured)")
         res = k.resolution()
         for o in res.overrides:
             print(f"  override {o.field}: {o.requested!r} → {o.resolved!r} ({o.reason})")

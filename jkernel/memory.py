@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from .documents.graph import ModelGraph
+from .documents.scenario import parse_version
 from .plan import KindPlan, Plan
 
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
@@ -112,21 +113,6 @@ GRAPH_ESTIMATE_BYTES_PER_MODE = int(0.15 * GIB)
 # H100 within 0.3 % (llm-d/llm-d-benchmark empirical-vllm-memory-results.md, vLLM 0.11.0).
 MXFP4_BLOCK = 32
 MXFP4_PAD = 256
-
-
-def parse_version(version: str) -> tuple[int, int, int]:
-    """``"0.23.0"`` → (0, 23, 0); suffixes such as ``rc1`` or ``.post1`` are dropped."""
-    parts = []
-    for piece in str(version).lstrip("v").split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        parts.append(int(digits) if digits else 0)
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

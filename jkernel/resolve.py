@@ -34,6 +34,7 @@ from . import catalog as _catalog
 from .documents import (Chip, CoefficientSet, Deployment, Fabric, ModelGraph, Scenario,
                         StorageClass, load_bundle, load_chip, load_coefficient_set,
                         load_fabric, load_graph, load_storage, parse_bundle, select)
+from .documents.coefficients import outside_fitted
 from .documents.graph import DTYPE_BYTES
 from .errors import Refusal
 from .memory import MemoryPlan, plan_memory
@@ -92,10 +93,17 @@ class Override:
 
 @dataclass(frozen=True)
 class CoefficientOrigin:
+    """Where one value came from (resolution.md §12): its coefficient set, method and scope;
+    ``fitted_on``: the deployments of the data a fitted entry was fitted on ("" when not
+    recorded); ``outside``: how this deployment lies outside them (another chip, engine
+    version, model or tp: the value is borrowed there), "" when inside or not recorded."""
+
     name: str
     set: str
     method: str
     scope: str
+    outside: str = ""
+    fitted_on: str = ""
 
 
 @dataclass(frozen=True)
@@ -1102,10 +1110,16 @@ def build_params(coeffs: Coefficients, chip: Chip, layout: Layout, dtypes: Dtype
     return Params({k: jnp.asarray(v, dtype=jnp.float64) for k, v in values.items()})
 
 
-def provenance_of(chosen: dict, assumptions: dict[str, str]) -> tuple[CoefficientOrigin, ...]:
-    """Where every lifted value came from (§12): registry entries, then assumptions."""
+def provenance_of(chosen: dict, assumptions: dict[str, str], *, hardware: str = "",
+                  engine_version: str = "", model: str = "", tp: int = 0
+                  ) -> tuple[CoefficientOrigin, ...]:
+    """Where every lifted value came from (§12): registry entries (each flagged where the
+    deployment lies outside the data it was fitted on), then assumptions."""
     return tuple(
-        CoefficientOrigin(name, set_name, e.method, e.scope.render())
+        CoefficientOrigin(name, set_name, e.method, e.scope.render(),
+                          outside_fitted(e, hardware=hardware, engine_version=engine_version,
+                                         model=model, tp=tp) if engine_version else "",
+                          e.fitted_on.render() if e.fitted_on is not None else "")
         for name, (e, set_name) in sorted(chosen.items())
     ) + tuple(CoefficientOrigin(name, KERNEL_ASSUMPTION_SET, "assumed", scope)
               for name, scope in sorted(assumptions.items()))
@@ -1184,7 +1198,8 @@ def _resolve(inputs: Inputs) -> Resolved:
     facts = graph_facts(kinds)
     _check_heads(model.name, facts, dep)
     chosen = select(inputs.coefficient_sets, hardware=cl.hardware, model=sc.model,
-                    tp=layout.tp, ep=layout.ep, nodes_spanned=layout.nodes_spanned)
+                    tp=layout.tp, ep=layout.ep, nodes_spanned=layout.nodes_spanned,
+                    engine_version=sc.engine_version)
     if not chosen:
         raise Refusal("R17", f"no coefficient of the sets {list(sc.coefficients)} applies to "
                       f"hardware {cl.hardware}, model {sc.model}, tp {layout.tp}, "
@@ -1237,8 +1252,9 @@ def _resolve(inputs: Inputs) -> Resolved:
     settings = settings_of(layout, dtypes, defaults, cp, coeffs, facts,
                            pool.nodes * cl.gpus_per_node, max_model_len)
     links = Links(layout.nvlink_bytes_per_s, layout.nic_bytes_per_s, layout.rack_domain)
-    return Resolved(plan, params, mem, resolution, provenance_of(chosen, assumptions),
-                    settings, inputs, links)
+    provenance = provenance_of(chosen, assumptions, hardware=cl.hardware,
+                               engine_version=sc.engine_version, model=sc.model, tp=layout.tp)
+    return Resolved(plan, params, mem, resolution, provenance, settings, inputs, links)
 
 
 def _missing(name: str, hardware: str, why: str = "") -> Refusal:

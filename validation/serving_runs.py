@@ -33,16 +33,18 @@ Like is compared with like, following each source's README:
 * **llmservingsim** (vLLM 0.19.0, workstation GPUs): TTFT and E2E were taken on the engine's
   clock from its arrival (no HTTP or tokenisation before it; ``queue_us``, the time in the
   waiting queue, is part of TTFT). All four runs are deep in overload, so they test
-  queueing, admission and KV pressure more than step time. The replay still adds the
-  kernel's admission, output-token and completion overheads (well under 1 % of these
-  latencies).
+  queueing, admission and KV pressure more than step time. They are replayed without the
+  front end's overheads (:data:`ENGINE_CLOCK`; BASELINE.md's figures kept them, well under
+  1 % of these latencies).
+* **residency** (vLLM 0.23.0, Qwen3-14B, one H100): the client's send to its first and last
+  chunk (``trace.csv``), the replay's arrival the send time; the five runs of
+  ``residency-vllm/`` beside ``serving-runs/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import sys
 import time
@@ -53,11 +55,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-__all__ = ["SOURCES", "METRICS", "PREFIX_HIT", "PREFIXES", "Run", "discover", "held_out",
-           "family", "requests_for", "measured", "predicted", "compare", "replay_run",
-           "baseline", "medians", "prefix_study", "markdown", "main"]
+__all__ = ["SOURCES", "METRICS", "PREFIX_HIT", "PREFIXES", "ENGINE_CLOCK", "Run", "discover",
+           "held_out", "family", "requests_for", "measured", "predicted", "compare", "replay_run",
+           "baseline", "medians", "prefix_study", "markdown", "manifest_document",
+           "write_manifest", "main"]
 
-SOURCES = ("trainval", "llm-d", "llmservingsim")
+SOURCES = ("trainval", "llm-d", "llmservingsim", "residency")
 #: The compared statistics (seconds); ITL has no measured percentile in any source.
 METRICS = ("ttft_mean", "ttft_p90", "itl_mean", "e2e_mean", "e2e_p90")
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -70,6 +73,10 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 #: caching").
 PREFIX_HIT = "prompt"
 PREFIXES = ("none", "system", "prompt")
+
+#: Sources whose times run on the engine's clock from its arrival (no API server before
+#: them): replayed without the front end's overheads (admission, output token, completion).
+ENGINE_CLOCK = ("llmservingsim",)
 
 #: trainval run id → deployment bundle (validation/scenarios/<stem>.yaml).
 TRAINVAL = {
@@ -123,7 +130,13 @@ class Run:
 
     @property
     def bundle(self) -> Path:
-        return SCENARIOS / f"{self.scenario}.yaml"
+        """The validation bundle, else the catalog scenario of that name (residency)."""
+        local = SCENARIOS / f"{self.scenario}.yaml"
+        if local.exists():
+            return local
+        from jkernel.catalog import scenario_path
+
+        return scenario_path(self.scenario)
 
     def describe(self) -> dict:
         """The bundle's model and chip, and the model family."""
@@ -144,9 +157,9 @@ def held_out(source: str, runs) -> set[str]:
     """The held-out runs of one source: the third (rounded, at least one) whose
     ``sha256("<source>/<run>")`` sorts first. Fixed before any fit, by run, never by request;
     a run's load stages go with it."""
-    runs = sorted(set(runs))
-    ranked = sorted(runs, key=lambda r: hashlib.sha256(f"{source}/{r}".encode()).hexdigest())
-    return set(ranked[:max(1, round(len(runs) / 3))])
+    from jkernel.calibration.data.heldout import held_out_runs
+
+    return held_out_runs(source, runs)
 
 
 def discover(root: str | Path, sources=SOURCES, runs=None) -> list[Run]:
@@ -170,6 +183,13 @@ def discover(root: str | Path, sources=SOURCES, runs=None) -> list[Run]:
             path = root / "llmservingsim" / run / "requests.csv"
             if path.exists():
                 out.append(Run("llmservingsim", run, scenario, path))
+    if "residency" in sources:
+        from jkernel.calibration.data.residency import DEFAULT_DEPLOYMENT
+
+        for run, folder in RESIDENCY.items():
+            path = root.parent / "residency-vllm" / folder / "trace.csv"
+            if path.exists():
+                out.append(Run("residency", run, DEFAULT_DEPLOYMENT, path))
     if runs:
         out = [r for r in out if r.run in runs]
     return out
@@ -208,16 +228,15 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     """The run's request table as the replay reads it (:func:`jkernel.replay.load_requests`),
     with the trainval prefix-cache columns of hypothesis ``prefix``; the first ``limit``
     requests only when given."""
-    from jkernel.replay import load_requests
-    from jkernel.replay.workload import validate_requests
+    from jkernel.replay import load_requests, validate_requests
 
-    if run.source != "trainval":
+    if run.source == "residency":                      # a client trace (send times)
         df = load_requests(run.requests)
-    else:
-        # trainval's own ``prefix_group`` names the system prompt, not the replay's column of
-        # that name: the hypothesis's columns replace it before the table is validated.
-        raw = pd.read_csv(run.requests)
-        df = validate_requests(_prefix_columns(raw, prefix, block), source=str(run.requests))
+        return df.head(limit).copy() if limit else df
+    df = pd.read_csv(run.requests)
+    if run.source == "trainval":      # the prefix rule first: the replay refuses a group
+        df = _prefix_columns(df, prefix, block)     # column without its prefix length
+    df = validate_requests(df, source=str(run.requests))
     if limit:
         df = df.head(limit).copy()
     return df
@@ -255,9 +274,12 @@ def measured(run: Run, root: str | Path, requests: pd.DataFrame | None = None) -
                          "e2e_mean": r["e2e_mean_ms"] / 1e3, "e2e_p90": r["e2e_p90_ms"] / 1e3,
                          "itl_mean": (r["e2e_mean_ms"] - r["ttft_mean_ms"]) / 1e3 / (out - 1)})
         return pd.DataFrame(rows)
-    df = requests if requests is not None else pd.read_csv(run.requests)
-    s = _stats(df["ttft_us"].to_numpy() / 1e6, df["e2e_us"].to_numpy() / 1e6,
-               df["output_tokens"].to_numpy())
+    df = requests if requests is not None else requests_for(run)
+    from jkernel.calibration.data.serving import per_request_timings
+
+    ttft, e2e = per_request_timings(df, file=str(run.requests))
+    ok = np.isfinite(ttft) & np.isfinite(e2e)
+    s = _stats(ttft[ok], e2e[ok], df["output_tokens"].to_numpy()[ok])
     return pd.DataFrame([{"group": "all", "stage": -1, **s}])
 
 
@@ -314,8 +336,9 @@ def open_kernel(scenario: str):
     import jkernel
 
     env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if scenario in LONG_MAX_MODEL_LEN else {}
+    local = SCENARIOS / f"{scenario}.yaml"
     with _env(**env):
-        return jkernel.open(SCENARIOS / f"{scenario}.yaml")
+        return jkernel.open(local if local.exists() else scenario)
 
 
 def replay_run(run: Run, root: str | Path, kernel=None, *, prefix: str = PREFIX_HIT,
@@ -326,6 +349,11 @@ def replay_run(run: Run, root: str | Path, kernel=None, *, prefix: str = PREFIX_
 
     k = kernel if kernel is not None else open_kernel(run.scenario)
     reqs = requests_for(run, prefix=prefix, block=int(k.settings.block_size), limit=limit)
+    if run.source in ENGINE_CLOCK:
+        # times from the engine's arrival: the API server's front end is not in them
+        from jkernel.calibration.fit.serving import FRONT_END
+
+        k = k.with_params(k.params.replace(**{n: 0.0 for n in FRONT_END if n in k.params}))
     res = replay(k, reqs, progress=progress)
     meas = measured(run, root, reqs if run.source != "trainval" else None)
     pred = predicted(run, res.requests)
@@ -388,6 +416,101 @@ def baseline(root: str | Path, *, sources=SOURCES, runs=None, limit: int | None 
         split.update({(source, n): "held-out" if n in out else "fit" for n in names})
     table["split"] = [split[(s, r)] for s, r in zip(table["source"], table["run"])]
     return table
+
+
+# --------------------------------------------------------------------------------------
+# The run manifest of the serving fit
+
+#: llm-d load points whose TTFT the fit uses (the prompt cache of a server never restarted
+#: matters little below the knee), whose ITL it uses (to 30 req/s), and above that none:
+#: the cache state, not the step price, sets both there (BASELINE.md §4). Decided from the
+#: baseline, before any fit.
+LLMD_TTFT_TO, LLMD_ITL_TO = 20.0, 30.0
+#: The residency-vllm runs (vLLM 0.23.0, Qwen3-14B, one H100): name → folder.
+RESIDENCY = {"2rps": "sweep_rate/agg_2rps/patched",
+             "2rps-1T": "sweep_tenants/1T_agg_2rps/patched",
+             "4rps": "sweep_rate/agg_4rps/patched", "6rps": "sweep_rate/agg_6rps/patched",
+             "8rps": "sweep_rate/agg_8rps/patched"}
+
+
+def manifest_document(data: str | Path, *, serving: str = "serving-runs",
+                      residency: str = "residency-vllm",
+                      scenarios: str = "scenarios") -> dict:
+    """The run manifest (:mod:`jkernel.calibration.data.serving`) of every run of the
+    shared data folder ``data`` (``serving-runs/`` and ``residency-vllm/`` under it): the
+    trainval stages with their measured means inline (``runs.csv``; the server's output
+    length), llm-d's lmbench files, LLMServingSim's engine-clock tables and the residency
+    client traces. Paths are relative to ``data`` (the manifest's ``root`` is left to the
+    command line's ``--data``); bundles relative to the manifest's folder
+    (``scenarios``). Splits by :func:`held_out` (the manifest's own rule, stated)."""
+    from jkernel.calibration.data.residency import DEFAULT_DEPLOYMENT
+
+    data = Path(data)
+    root = data / serving
+    runs = []
+    tv = pd.read_csv(root / "inference-sim-trainval" / "runs.csv")
+    for run in discover(root, ("trainval",)):
+        t = tv[(tv["run_id"] == run.run) & (tv["stage_index"] >= 0)].sort_values("stage_index")
+        measured = [{"group": int(r["stage_index"]), "requests": int(r["n_requests"]),
+                     "output_tokens": float(r["output_len"]),
+                     "ttft_mean_ms": round(float(r["ttft_mean_ms"]), 4),
+                     "e2e_mean_ms": round(float(r["e2e_mean_ms"]), 4),
+                     "ttft_p90_ms": round(float(r["ttft_p90_ms"]), 4),
+                     "e2e_p90_ms": round(float(r["e2e_p90_ms"]), 4),
+                     "label": f"stage {int(r['stage_index'])} ({r['stage_rate_rps']:g} req/s)"}
+                    for _, r in t.iterrows()]
+        runs.append({"name": run.run, "source": "trainval",
+                     "deployment": f"{scenarios}/{run.scenario}.yaml",
+                     "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                     "format": "requests", "groups": "stage", "measured": measured,
+                     "prefix": PREFIX_HIT})
+    for run in discover(root, ("llm-d",)):
+        rate = float(run.run.split()[0])
+        fit_on = ["ttft", "itl"] if rate <= LLMD_TTFT_TO else (["itl"] if rate <= LLMD_ITL_TO
+                                                               else [])
+        runs.append({"name": run.run, "source": "llm-d",
+                     "deployment": f"{scenarios}/{run.scenario}.yaml",
+                     "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                     "format": "benchmark", "fit_on": fit_on})
+    for run in discover(root, ("llmservingsim",)):
+        entry = {"name": run.run, "source": "llmservingsim",
+                 "deployment": f"{scenarios}/{run.scenario}.yaml",
+                 "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
+                 "format": "requests", "clock": "engine"}
+        if run.scenario in LONG_MAX_MODEL_LEN:
+            entry["env"] = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        runs.append(entry)
+    for name, folder in RESIDENCY.items():
+        if (data / residency / folder / "trace.csv").is_file():
+            runs.append({"name": name, "source": "residency", "deployment": DEFAULT_DEPLOYMENT,
+                         "requests": f"{residency}/{folder}/trace.csv", "format": "requests"})
+    for source in {r["source"] for r in runs}:
+        names = [r["name"] for r in runs if r["source"] == source]
+        out = held_out(source, names)
+        for r in runs:
+            if r["source"] == source:
+                r["split"] = "held-out" if r["name"] in out else "fit"
+    return {"kind": "ServingRuns", "version": 1, "runs": runs}
+
+
+def write_manifest(data: str | Path, path: str | Path) -> None:
+    """Write :func:`manifest_document` of ``data`` as YAML at ``path`` (bundles relative to
+    ``path``'s folder, the validation bundles)."""
+    path = Path(path)
+    rel = os.path.relpath(SCENARIOS, path.resolve().parent)
+    doc = manifest_document(data, scenarios=Path(rel).as_posix())
+    if path.resolve().parent.is_relative_to(Path(data).resolve()):
+        # a manifest inside its data folder (the tests' excerpt) names it as its root
+        root = Path(os.path.relpath(Path(data).resolve(), path.resolve().parent)).as_posix()
+        doc = {"kind": doc["kind"], "version": doc["version"], "root": root,
+               "runs": doc["runs"]}
+    head = ("# The serving runs of a data folder (serving-runs/ and residency-vllm/) as a run\n"
+            "# manifest of the serving fit (jkernel/calibration/data/serving.py). Written by\n"
+            "#   python -m validation.serving_runs --data <data>/serving-runs "
+            f"--write-manifest {path.as_posix()}\n"
+            "# Data paths are relative to that data folder: pass it as --data (or root).\n")
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True),
+                    encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------
@@ -525,12 +648,18 @@ def main(argv=None) -> int:
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     p.add_argument("--save", default=None, help="write each replay's request and step tables "
                                                 "(compressed CSV) into this folder")
+    p.add_argument("--write-manifest", default=None, metavar="FILE",
+                   help="write the run manifest of the serving fit (every run of the data "
+                        "folder's parent: serving-runs/ and residency-vllm/) and stop")
     p.add_argument("--progress", action="store_true", help="a progress bar per replay")
     p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
     a = p.parse_args(argv)
     if not Path(a.data).is_dir():
         print(f"{a.data}: no such folder (the serving-runs data)", file=sys.stderr)
         return 2
+    if a.write_manifest:
+        write_manifest(Path(a.data).resolve().parent, a.write_manifest)
+        return 0
     import jkernel
 
     jkernel.enable_x64()

@@ -14,6 +14,8 @@
     python -m jkernel.calibration import splitwise \\
         --in ../shared/data/splitwise/data/perf_model.csv \\
         --out build/splitwise-h100-tp4.jsonl --hardware h100-80gb --tp 4
+    python -m jkernel.calibration serving --runs validation/serving-runs.yaml \\
+        --data ../shared/data --sources trainval --out build/serving-h100.yaml
 
 ``profiles`` fits every primitive of one chip and writes one coefficient set (all entries
 ``method: fitted``, scoped to the chip) plus a Markdown report (``--report``, default the
@@ -22,7 +24,13 @@ named parameters against a step trace (:mod:`jkernel.calibration.data.traces` do
 format) and writes the identifiable ones. ``import`` converts Splitwise's table, aggregate
 forward-pass rows (CSV), streamed token timestamps (JSON) or a streamed serving run's
 ``trace.csv`` + ``trace.itl.csv`` (``residency``, :mod:`jkernel.calibration.data.residency`)
-into a step trace. Progress goes to stderr.
+into a step trace. ``serving`` fits the engine-level constants (the front end, host work per
+step and per request, the compute derate) to serving runs listed in a run manifest
+(:mod:`jkernel.calibration.data.serving` documents it), one fit per deployment class (chip
+and engine version), and writes the identified constants as a coefficient set (scoped by
+chip and engine version, each with the deployments it was fitted on) and a Markdown report
+of the errors before and after on the fit and the held-out runs
+(:mod:`jkernel.calibration.fit.serving`). Progress goes to stderr.
 Exit status: 0 on success, 2 on bad input (a clear message naming the file).
 """
 
@@ -194,10 +202,60 @@ def _held_reports(a, fit, say) -> None:
         say(f"wrote per-kind and per-batch errors to {a.report_csv}")
 
 
+def cmd_serving(a) -> int:
+    from .data.serving import read_manifest
+    from .fit.serving import fit_serving, serving_classes
+    from .report.coefficients import serving_set, write_coefficient_set
+    from .report.markdown import serving_report
+
+    say = _progress(a.quiet)
+    runs = read_manifest(a.runs, root=a.data, sources=a.sources or None,
+                         runs=a.only or None)
+    if not runs:
+        raise ValueError(f"{a.runs}: no run left (sources {a.sources}, runs {a.only})")
+    names = tuple(a.fit.split(",")) if a.fit else None
+    kernels: dict = {}
+    classes = serving_classes(runs, kernels)
+    command = "python -m jkernel.calibration " + " ".join(shlex.quote(x) for x in a.argv)
+    fits = []
+    for cls, members in classes.items():
+        fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
+        held = [r for r in members if r.split == "held-out"]
+        if not fit_runs:
+            say(f"{cls}: no fit run (held-out only): not fitted")
+            continue
+        fits.append(fit_serving(fit_runs, names, held=held, sample=a.sample,
+                                max_outer=a.max_outer, log=say, kernels=kernels))
+    if not fits:
+        raise ValueError(f"{a.runs}: no deployment class has a fit run")
+    out = Path(a.out)
+    name = a.set_name or out.stem
+    for f in fits:
+        say(f"{f.cls}: {f.verdict()}")
+    entries = serving_set(fits, command=command, front_end_hardware=a.front_end_hardware,
+                          taken_only=not a.write_all)
+    write_coefficient_set(out, name, entries, header=(
+        f"{name}: engine-level constants fitted from serving runs by jkernel's calibration.\n"
+        f"Reproduce with: {command}\nEvery entry: method fitted, scoped by chip and engine "
+        "version, the deployments it was fitted on (fitted_on), the runs' sha256, held-out "
+        "error, standard error."))
+    say(f"wrote {len(entries)} entries to {out}")
+    rep = _report_paths(out, a.report)
+    rep.parent.mkdir(parents=True, exist_ok=True)
+    rep.write_text(serving_report(fits, command=command, manifest=str(a.runs)),
+                   encoding="utf-8")
+    if a.table:
+        import pandas as pd
+
+        pd.concat([f.table for f in fits], ignore_index=True).to_csv(a.table, index=False)
+    say(f"wrote the report to {rep}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jkernel.calibration",
                                  description="Calibrate jkernel's constants from profiles "
-                                             "and step traces.")
+                                             "step traces and serving runs.")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profiles", help="fit one chip's primitives from per-operator profiles")
     p.add_argument("--chip", required=True, help="catalog chip name (h100, b200, a100-sxm…)")
@@ -250,6 +308,32 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_traces)
 
+    v = sub.add_parser("serving", help="fit engine-level constants to serving runs")
+    v.add_argument("--runs", required=True, help="run manifest (YAML; "
+                   "jkernel/calibration/data/serving.py documents the format)")
+    v.add_argument("--data", help="folder the manifest's data paths are relative to "
+                                  "(default: the manifest's root, else its folder)")
+    v.add_argument("--out", required=True, help="coefficient-set YAML to write")
+    v.add_argument("--report", help="Markdown report (default: OUT with .md)")
+    v.add_argument("--table", help="per-group errors before and after (CSV)")
+    v.add_argument("--set-name")
+    v.add_argument("--sources", nargs="*", help="only the runs of these sources")
+    v.add_argument("--only", nargs="*", help="only these run names")
+    v.add_argument("--fit", help="comma list of constants to fit (default: every serving "
+                                 "constant the data identify)")
+    v.add_argument("--sample", type=int, default=300,
+                   help="requests replayed per group after its transient (0: whole runs)")
+    v.add_argument("--max-outer", type=int, default=4, help="replays after the first")
+    v.add_argument("--front-end-hardware", nargs="*",
+                   help="chips the front-end entries apply to (host CPU work; default: the "
+                        "fit's chip)")
+    v.add_argument("--write-all", action="store_true",
+                   help="write every constant the fits identified, also step constants of a "
+                        "fit whose ITLs scatter more than the catalog takes (ACCEPT_SIGMA), "
+                        "each for its fit's engine version only")
+    v.add_argument("--quiet", action="store_true")
+    v.set_defaults(func=cmd_serving)
+
     i = sub.add_parser("import", help="convert other measurements into a step trace")
     i.add_argument("kind", choices=("splitwise", "aggregate", "timestamps", "residency"))
     i.add_argument("path", nargs="?", help="residency: the run's folder (trace.csv and "
@@ -272,11 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     a.argv = argv
+    from jkernel.errors import Refusal
+
     from .data.profiles import ProfileError
     from .data.traces import TraceError
     try:
         return a.func(a)
-    except (ProfileError, TraceError, FileNotFoundError, ValueError) as exc:
+    except (ProfileError, TraceError, FileNotFoundError, ValueError, Refusal) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -44,9 +44,11 @@ The GEMM fit's per-call floor is reported; with ``--kernel-gap`` it is also writ
 :mod:`jkernel.calibration.fit.gemm`. Entries the fit does not produce (host overheads, memory
 magnitudes, recurrent laws, the host link, l40s collectives, ``kernel_gap`` / ``host_serial``
 by default) are kept as they are. Replacement rule: an existing entry of the same name whose
-hardware scope names the chip loses the chip from its list (and is dropped when nothing is
-left); the new entry takes its place in file order; a name not present is appended. Each
-file's comment header is kept, with a note.
+hardware scope names the chip, and whose engine versions (every version when unscoped) meet
+the new entry's, loses the chip from its list (and is dropped when nothing is left); the new
+entry takes its place in file order; a name not present is appended. Entries of one name
+and chip for disjoint engine versions live side by side. Each file's comment header is
+kept, with a note.
 
 4. **Step-trace constants** (``--steps``, the residency-vllm data root): the two measured
    vLLM runs on one H100 (:data:`STEP_RUNS`) are imported
@@ -55,6 +57,21 @@ file's comment header is kept, with a note.
    (``host_serial``, ``host_serial_per_request`` → ``cost-model-host-overheads``,
    ``compute_derate`` → ``cost-model-primitives``), written for ``h100`` by the same
    replacement rule (``regenerate_steps``).
+
+5. **Serving constants** (``--serving MANIFEST --serving-data DIR``): every deployment class
+   (chip, engine version) of the run manifest with fit runs is fitted by
+   :func:`jkernel.calibration.fit.serving.fit_serving` (the front end only where stage 4's
+   step traces measured the class's step constants); what the catalog takes of each fit
+   (:meth:`~jkernel.calibration.fit.serving.ServingFit.taken`: the front end where the fit
+   pins it, step constants only where the fitted ITLs scatter at most
+   :data:`~jkernel.calibration.fit.serving.ACCEPT_SIGMA` around it) is written
+   scoped by chip and engine version (front-end constants for every chip of the catalog),
+   each entry with the deployments it was fitted on (``fitted_on``); ``host_completion`` is
+   measured from the residency runs' chunk times (``--steps`` or ``DIR/residency-vllm``).
+   The report goes to ``--reports``/serving.md. After the primitive laws change, this stage
+   and stage 4 are the refit:
+   ``python -m jkernel.calibration.regenerate --steps ../shared/data/residency-vllm
+   --serving validation/serving-runs.yaml --serving-data ../shared/data``.
 
 Afterwards every scenario of ``catalog/scenarios`` is opened (``jkernel.open``, or
 ``jkernel.open_pool`` per pool of a disaggregated one) and prices a batch; a failure is
@@ -72,7 +89,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
+from jkernel.documents.coefficients import (CoefficientSet, Entry, FittedOn, Scope,
                                             load_coefficient_set)
 from jkernel.params import si_scale
 
@@ -88,9 +105,10 @@ from .report.coefficients import (catalog_yaml, make_entry, profile_entries, rou
 from .report.markdown import profile_report
 from .report.plots import save_plots
 
-__all__ = ["CHIPS", "ALIASES", "DERIVED", "PORTED", "STEP_RUNS", "merge_entries",
-           "derived_entries", "ported_entries", "sixteen_rank_entries", "regenerate", "calibrate_step_runs",
-           "regenerate_steps",
+__all__ = ["CHIPS", "ALIASES", "DERIVED", "PORTED", "STEP_RUNS", "STEP_FITTED_ON",
+           "FRONT_END_FIT", "merge_entries", "derived_entries", "ported_entries",
+           "sixteen_rank_entries", "regenerate", "calibrate_step_runs", "regenerate_steps",
+           "regenerate_serving", "front_end_only",
            "check_scenarios", "main"]
 
 CHIPS = ("h100", "h200", "b200", "b300", "l40s", "a100-sxm")
@@ -121,6 +139,17 @@ def _hw(e: Entry) -> tuple[str, ...] | None:
     return s.hardware
 
 
+def _versions_meet(a, b) -> bool:
+    """Whether two engine-version scopes (None: every version) share a version."""
+    if a is None or b is None:
+        return True
+    from jkernel.documents.scenario import parse_version as pv
+
+    lo = max(pv(a.first), pv(b.first))
+    his = [pv(x.before) for x in (a, b) if x.before is not None]
+    return not his or lo < min(his)
+
+
 def merge_entries(existing: Iterable[Entry], new: Iterable[Entry]) -> list[Entry]:
     """``existing`` with ``new`` merged in by the replacement rule of the module docstring."""
     out = list(existing)
@@ -130,10 +159,12 @@ def merge_entries(existing: Iterable[Entry], new: Iterable[Entry]) -> list[Entry
         placed = False
         for old in out:
             hw = _hw(old)
-            if old.name == e.name and hw and H & {h.lower() for h in hw}:
+            if old.name == e.name and hw and H & {h.lower() for h in hw} \
+                    and _versions_meet(old.scope.engine_version, e.scope.engine_version):
                 rest = tuple(h for h in hw if h.lower() not in H)
                 if rest:
-                    result.append(replace(old, scope=Scope(hardware=rest)))
+                    result.append(replace(old, scope=Scope(
+                        hardware=rest, engine_version=old.scope.engine_version)))
                 if not placed:
                     result.append(e)
                     placed = True
@@ -459,6 +490,9 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
 
 #: The residency-vllm runs (relative to its root): the fitted one and the one held out.
 STEP_RUNS = ("sweep_rate/agg_2rps", "sweep_tenants/1T_agg_2rps")
+#: The deployment of those runs (their step constants' ``fitted_on``).
+STEP_FITTED_ON = FittedOn(hardware=("h100",), engine_version=("0.23.0",), model=("qwen3-14b",),
+                          tp=(1,))
 
 
 def calibrate_step_runs(residency_root: str | Path, runs: Sequence[str] = STEP_RUNS, *,
@@ -490,7 +524,8 @@ def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None =
             f"{STEP_RUNS[1]} (held out), vLLM 0.23.0, Qwen3-14B bf16, one H100 80GB")
     cmd = f"python -m jkernel.calibration.regenerate --steps {residency_root}"
     new: dict[str, list[Entry]] = {}
-    for e in step_entries(cal, hardware=hardware, cite=cite, command=cmd):
+    for e in step_entries(cal, hardware=hardware, cite=cite, command=cmd,
+                          fitted_on=STEP_FITTED_ON):
         new.setdefault(set_for(e.name), []).append(e)
     written = {}
     for sname, ents in new.items():
@@ -504,11 +539,144 @@ def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None =
     return {"calibration": cal, "written": written, "checks": checks, "failed": bad}
 
 
+#: The front-end constants a serving fit takes where step traces already measured the step
+#: constants of the deployment class (``front_end_only``).
+FRONT_END_FIT = ("host_admission_per_request", "host_admission_per_token")
+
+
+def front_end_only(kernel) -> bool:
+    """Whether the catalog's step constants for this deployment were fitted on step traces
+    of it (every one ``fitted``, with ``fitted_on`` that the deployment is inside): then a
+    serving fit of its runs takes only the front end, the steps having measured the rest."""
+    from .fit.serving import STEP
+
+    prov = {p.name: p for p in kernel.provenance()}
+    return all(n in prov and prov[n].method == "fitted" and prov[n].fitted_on
+               and not prov[n].outside for n in STEP)
+
+
+def _completion_entry(residency_root: Path, hardware: tuple[str, ...], runs: Sequence[str]
+                      ) -> Entry | None:
+    """``host_completion`` as the clients see it, measured: the gap between a streamed
+    request's last token chunk and its final chunk (residency-vllm's per-chunk times), the
+    median over the requests of ``runs``. A benchmark client's end-to-end latency ends at
+    that final chunk (vLLM bench serve at the last chunk with choices; inference-perf and
+    the residency client at the end of the stream: docs/metrics.md), so the replay adds this
+    much after the last token, not the engine's teardown."""
+    import hashlib
+
+    import numpy as np
+    import pandas as pd
+
+    gaps, digests, used = [], [], []
+    for rel in runs:
+        f = residency_root / rel / "patched" / "trace.itl.csv"
+        if not f.is_file():
+            continue
+        itl = pd.read_csv(f).sort_values(["request_id", "chunk_index"])
+        last = itl.groupby("request_id")["timestamp_us"].agg(lambda x: x.iloc[-1] - x.iloc[-2])
+        gaps.append(last.to_numpy(float))
+        digests.append(hashlib.sha256(f.read_bytes()).hexdigest())
+        used.append(rel)
+    if not gaps:
+        return None
+    g = np.concatenate(gaps)
+    value = float(np.median(g))
+    cite = ("inference-sim/residency-vllm @ 2641b576: " + ", ".join(used)
+            + " trace.itl.csv (vLLM 0.23.0, streamed /v1/completions)")
+    rationale = (f"Measured: the median gap between a streamed request's last token chunk and "
+                 f"its final chunk over {g.size} requests (p90 {np.percentile(g, 90):.0f} µs). "
+                 "A benchmark client's end-to-end latency ends at the final chunk "
+                 "(docs/metrics.md), so this is what a request's completion adds to it; the "
+                 "engine's teardown runs after the response and is not on the client's clock. "
+                 "Host CPU work of the API server: one value for every chip. Written by "
+                 "python -m jkernel.calibration.regenerate --serving.")
+    return Entry("host_completion", round_sig(value), "us_per_request", "measured", True,
+                 Scope(hardware=hardware), None,
+                 ((("kind", "model"), ("cite", cite), ("role", "primary")),), rationale, None,
+                 (("data_sha256", hashlib.sha256(";".join(digests).encode()).hexdigest()),
+                  ("rows", int(g.size))),
+                 FittedOn(hardware=("h100",), engine_version=("0.23.0",),
+                          model=("qwen3-14b",), tp=(1,)))
+
+
+def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
+                       catalog: str | Path | None = None, sample: int | None = None,
+                       residency: str | Path | None = None, reports: str | Path | None = None,
+                       progress: Callable[[str], None] | None = None) -> dict:
+    """Stage 5 of the module docstring: the serving fit of every deployment class of the
+    run manifest with fit runs (:func:`jkernel.calibration.fit.serving.fit_serving`; the
+    front end only where step traces measured the class's step constants,
+    :func:`front_end_only`), what the catalog takes of them (:meth:`ServingFit.taken`)
+    written scoped by chip and engine version (front-end constants for every chip of the
+    catalog), ``host_completion`` measured from ``residency``'s chunk times. Returns
+    ``{"fits", "written", "checks", "failed", "report"}``."""
+    from jkernel.catalog import catalog_root
+
+    from .data.serving import read_manifest
+    from .fit.serving import SAMPLE, fit_serving, serving_classes
+    from .report.coefficients import serving_set
+    from .report.markdown import serving_report
+
+    say = progress or (lambda m: None)
+    root = Path(catalog) if catalog is not None else catalog_root()
+    runs = read_manifest(manifest, root=data)
+    kernels: dict = {}
+    fits = []
+    for cls, members in serving_classes(runs, kernels).items():
+        fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
+        held = [r for r in members if r.split == "held-out"]
+        if not fit_runs:
+            say(f"{cls}: held-out runs only: not fitted")
+            continue
+        names = FRONT_END_FIT if front_end_only(kernels[fit_runs[0].label]) else None
+        fit = fit_serving(fit_runs, names, held=held, log=say, kernels=kernels,
+                          sample=SAMPLE if sample is None else sample)
+        say(f"{cls}: {fit.verdict()}")
+        fits.append(fit)
+    host = root / "coefficients" / "cost-model-host-overheads.yaml"
+    generic = [e for e in load_coefficient_set(host).entries
+               if e.name == "host_admission_per_request" and e.scope.engine_version is None]
+    chips = generic[0].scope.hardware if generic and generic[0].scope.hardware else None
+    cmd = (f"python -m jkernel.calibration.regenerate --serving {manifest}"
+           + (f" --serving-data {data}" if data else ""))
+    entries = serving_set([f for f in fits if f.accepted], command=cmd,
+                          front_end_hardware=chips)
+    if residency is not None and chips:
+        done = _completion_entry(Path(residency), tuple(chips), STEP_RUNS)
+        if done is not None:
+            entries.append(done)
+    new: dict[str, list[Entry]] = {}
+    for e in entries:
+        new.setdefault(set_for(e.name), []).append(e)
+    written = {}
+    for sname, ents in new.items():
+        path = root / "coefficients" / f"{sname}.yaml"
+        existing = load_coefficient_set(path).entries if path.exists() else ()
+        write_set(path, CoefficientSet(sname, tuple(merge_entries(existing, ents))))
+        written[sname] = [e.name for e in ents]
+        say(f"{path}: wrote {', '.join(e.name for e in ents)}")
+    text = serving_report(fits, command=cmd, manifest=str(manifest))
+    if reports:
+        out = Path(reports) / "serving.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    checks = check_scenarios(root)
+    bad = [c for c in checks if isinstance(c[2], str)]
+    return {"fits": fits, "written": written, "checks": checks, "failed": bad, "report": text}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jkernel.calibration.regenerate",
                                  description="Regenerate the catalog's calibrated coefficients.")
     ap.add_argument("--data", help="the aic-op-profiles directory (the profile stages)")
     ap.add_argument("--steps", help="the residency-vllm data root (the step-trace stage)")
+    ap.add_argument("--serving", help="a run manifest of serving runs (the serving stage; "
+                                      "validation/serving-runs.yaml lists the shared ones)")
+    ap.add_argument("--serving-data", help="the folder the manifest's data paths are "
+                                           "relative to (the shared data folder)")
+    ap.add_argument("--serving-sample", type=int, default=None,
+                    help="requests replayed per group after its transient (0: whole runs)")
     ap.add_argument("--catalog", help="catalog root (default: the shipped catalog)")
     ap.add_argument("--chips", default=",".join(CHIPS))
     ap.add_argument("--reports", default="build/calibration",
@@ -522,8 +690,8 @@ def main(argv=None) -> int:
     def say(m):
         if not a.quiet:
             print(f"[{time.perf_counter() - t0:7.1f} s] {m}", file=sys.stderr, flush=True)
-    if not a.data and not a.steps:
-        ap.error("give --data (profiles), --steps (step traces) or both")
+    if not a.data and not a.steps and not a.serving:
+        ap.error("give --data (profiles), --steps (step traces), --serving (serving runs)")
     out = {"checks": [], "failed": []}
     if a.data:
         out = regenerate(a.data, catalog=a.catalog, chips=[c for c in a.chips.split(",") if c],
@@ -531,6 +699,12 @@ def main(argv=None) -> int:
                          reports=a.reports or None, progress=say)
     if a.steps:
         out = regenerate_steps(a.steps, catalog=a.catalog, progress=say)
+    if a.serving:
+        out = regenerate_serving(a.serving, data=a.serving_data, catalog=a.catalog,
+                                 sample=a.serving_sample, residency=a.steps or (
+                                     Path(a.serving_data) / "residency-vllm"
+                                     if a.serving_data else None),
+                                 reports=a.reports or None, progress=say)
     for name, role, res in out["checks"]:
         status = f"expected_s {res * 1e3:.3f} ms" if not isinstance(res, str) else f"FAILED: {res}"
         print(f"{name:45s} {role:10s} {status}")

@@ -2,6 +2,19 @@
 
 Values are kept in the units the registry states them in (µs, bytes/µs, tokens/µs, bytes);
 ``params.py`` converts the selected ones to SI units for the step function.
+
+jkernel adds two keys to the spec's entries (documents.md §8 is silent on engine versions):
+
+* ``scope.engine_version: {from: "0.14.0", before: "0.19.0"}`` (``before`` optional): the
+  entry applies to deployments whose ``engine_version`` lies in the range, the way the
+  memory rules follow the version (``jkernel/memory.py``). An engine constant measured on
+  one vLLM release applies to the releases that behave the same (docs/calibrate.md names the
+  boundaries: asynchronous scheduling by default from 0.14.0, the API server's tokeniser
+  batching window from 0.10 to 0.23).
+* ``fitted_on: {hardware: [h100], engine_version: ["0.15.1"], model: [...], tp: [1, 2]}``:
+  the deployments of the data an entry was fitted on. A deployment the entry applies to but
+  outside these (another chip, engine version, model or tp) is flagged in provenance
+  (:func:`outside_fitted`): the value is borrowed there, not measured.
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ from ._strict import Reader, read_yaml_file
 
 __all__ = ["UNITS", "METHODS", "Scope", "Entry", "CoefficientSet", "parse_coefficient_set",
            "load_coefficient_set", "coefficient_set_to_dict", "dump_coefficient_set", "select",
-           "EVIDENCED"]
+           "EVIDENCED", "VersionRange", "FittedOn", "outside_fitted", "FITTED_ON_KEYS"]
 
 UNITS = ("dimensionless", "us_per_layer", "us_per_request", "us_per_step", "us_per_hop",
          "us_per_transfer", "us_per_load", "us_per_token", "bytes_per_us", "bytes_per_rank",
@@ -26,20 +39,82 @@ METHODS = ("measured", "literature", "vendor_spec", "copied", "assumed", "not_ch
 # jkernel's calibration writes `fitted` (by gradient, from profiles or traces) and `derived`
 # (by a documented rule from another chip's fit); the spec's six methods are the others.
 EVIDENCED = ("measured", "literature", "vendor_spec", "fitted")
-SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned")
+SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned", "engine_version")
+#: The dimensions of ``fitted_on`` (and of a deployment checked against it).
+FITTED_ON_KEYS = ("hardware", "engine_version", "model", "tp")
+
+
+def _version(v: str) -> tuple[int, int, int]:
+    from .scenario import parse_version
+
+    return parse_version(v)
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """Engine versions from ``first`` (inclusive) to ``before`` (exclusive; None: open)."""
+
+    first: str
+    before: str | None = None
+
+    def contains(self, version: str) -> bool:
+        v = _version(version)
+        return _version(self.first) <= v and (self.before is None or v < _version(self.before))
+
+    def render(self) -> str:
+        return f"vLLM ≥ {self.first}" + (f", < {self.before}" if self.before else "")
+
+    def to_dict(self) -> dict:
+        return {"from": self.first, **({"before": self.before} if self.before else {})}
+
+
+@dataclass(frozen=True)
+class FittedOn:
+    """The deployments of the data an entry was fitted on (each dimension a tuple, None
+    when not recorded)."""
+
+    hardware: tuple[str, ...] | None = None
+    engine_version: tuple[str, ...] | None = None
+    model: tuple[str, ...] | None = None
+    tp: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict:
+        return {k: list(getattr(self, k)) for k in FITTED_ON_KEYS
+                if getattr(self, k) is not None}
+
+    def render(self) -> str:
+        """E.g. ``"h100; vLLM 0.23.0; qwen3-14b; tp 1"``."""
+        parts = []
+        if self.hardware:
+            parts.append(", ".join(self.hardware))
+        if self.engine_version:
+            parts.append("vLLM " + ", ".join(self.engine_version))
+        if self.model:
+            parts.append(", ".join(self.model))
+        if self.tp:
+            parts.append("tp " + ", ".join(str(t) for t in self.tp))
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
 class Scope:
-    """An entry applies iff every stated dimension lists the deployment's value."""
+    """An entry applies iff every stated dimension lists the deployment's value (the engine
+    version: lies in the stated range)."""
 
     hardware: tuple[str, ...] | None = None
     model: tuple[str, ...] | None = None
     tp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
     nodes_spanned: tuple[int, ...] | None = None
+    engine_version: VersionRange | None = None
 
-    def applies(self, hardware: str, model: str, tp: int, ep: int, nodes_spanned: int) -> bool:
+    def applies(self, hardware: str, model: str, tp: int, ep: int, nodes_spanned: int,
+                engine_version: str | None = None) -> bool:
+        """Whether the entry applies; an entry scoped by engine version applies only to a
+        deployment whose version is given and in range."""
+        if self.engine_version is not None and (
+                engine_version is None or not self.engine_version.contains(engine_version)):
+            return False
         if self.hardware is not None and hardware.lower() not in {h.lower() for h in self.hardware}:
             return False
         if self.model is not None and model.lower() not in {m.lower() for m in self.model}:
@@ -50,15 +125,24 @@ class Scope:
         return True
 
     def render(self) -> str:
-        """Provenance rendering (resolution.md §12.1)."""
+        """Provenance rendering (resolution.md §12.1), the engine versions after it."""
         if self.hardware is not None:
-            return "hardware: " + ", ".join(self.hardware)
-        if self.model is not None:
-            return "model: " + ", ".join(self.model)
-        return "unscoped"
+            text = "hardware: " + ", ".join(self.hardware)
+        elif self.model is not None:
+            text = "model: " + ", ".join(self.model)
+        else:
+            text = "unscoped" if self.engine_version is None else ""
+        if self.engine_version is not None:
+            text = (text + "; " if text else "") + self.engine_version.render()
+        return text
 
     def to_dict(self) -> dict:
-        return {k: list(getattr(self, k)) for k in SCOPE_KEYS if getattr(self, k) is not None}
+        out: dict = {}
+        for k in SCOPE_KEYS:
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v.to_dict() if isinstance(v, VersionRange) else list(v)
+        return out
 
 
 @dataclass(frozen=True)
@@ -75,6 +159,7 @@ class Entry:
     copied_from: Any = None
     extra: tuple[tuple[str, Any], ...] = ()   # supersedes, validated, unsupported, and
                                              # jkernel's calibration fields: kept, not read
+    fitted_on: FittedOn | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +195,12 @@ def _parse_entry(item: Any, file: str | None, path: str) -> Entry:
                       f"(value {value}, method {method})")
     sr = r.sub("scope", required=True)
     scope_vals: dict[str, Any] = {}
+    vr = sr.sub("engine_version")
+    if vr is not None:
+        scope_vals["engine_version"] = _version_range(vr)
     for key in SCOPE_KEYS:
+        if key == "engine_version":
+            continue
         v = sr.list(key, None)
         if v is None:
             continue
@@ -143,9 +233,73 @@ def _parse_entry(item: Any, file: str | None, path: str) -> Entry:
     if method == "copied" and copied_from is None:
         raise r.error("copied_from", "required for method copied")
     extra = tuple((k, r.raw(k)) for k in _EXTRA_KEYS if r.has(k))
+    fr = r.sub("fitted_on")
+    fitted_on = _fitted_on(fr) if fr is not None else None
     r.done()
     return Entry(name, value, units, method, fitted, Scope(**scope_vals), ci, tuple(sources),
-                 rationale, _freeze(copied_from), tuple((k, _freeze(v)) for k, v in extra))
+                 rationale, _freeze(copied_from), tuple((k, _freeze(v)) for k, v in extra),
+                 fitted_on)
+
+
+def _version_text(r: Reader, key: str, required: bool) -> str | None:
+    v = r.raw(key, required=required)
+    if not r.has(key):
+        return None
+    if not isinstance(v, str) or not all(p.isdigit() for p in v.split(".")[:2]) \
+            or len(v.split(".")) < 2:
+        raise r.error(key, f"expected a version string such as \"0.15.1\", got {v!r}")
+    return v
+
+
+def _version_range(r: Reader) -> VersionRange:
+    first = _version_text(r, "from", True)
+    before = _version_text(r, "before", False)
+    r.done()
+    if before is not None and not _version(first) < _version(before):
+        raise r.error("before", f"{before} is not above from {first}")
+    return VersionRange(first, before)
+
+
+def _fitted_on(r: Reader) -> FittedOn:
+    vals: dict[str, Any] = {}
+    for key in FITTED_ON_KEYS:
+        v = r.list(key, None)
+        if v is None:
+            continue
+        want = int if key == "tp" else str
+        if not v or not all(isinstance(x, want) and not isinstance(x, bool) for x in v):
+            raise r.error(key, f"expected a non-empty list of {want.__name__}s")
+        if key == "engine_version":
+            for i, x in enumerate(v):
+                if len(x.split(".")) < 2 or not all(p.isdigit() for p in x.split(".")[:2]):
+                    raise r.error(f"{key}[{i}]", f"expected a version such as \"0.15.1\", "
+                                  f"got {x!r}")
+        vals[key] = tuple(v)
+    r.done()
+    if not vals:
+        raise r.error(None, "needs at least one of: " + ", ".join(FITTED_ON_KEYS))
+    return FittedOn(**vals)
+
+
+def outside_fitted(entry: Entry, *, hardware: str, engine_version: str, model: str,
+                   tp: int) -> str:
+    """Why a deployment lies outside the data ``entry`` was fitted on (its ``fitted_on``):
+    "" when inside or when the entry records none, else the dimensions that differ, e.g.
+    ``"engine_version 0.31.0 not in [0.23.0]"``."""
+    f = entry.fitted_on
+    if f is None:
+        return ""
+    out = []
+    if f.hardware is not None and hardware.lower() not in {h.lower() for h in f.hardware}:
+        out.append(f"hardware {hardware} not in [{', '.join(f.hardware)}]")
+    if f.engine_version is not None and _version(engine_version) not in {
+            _version(v) for v in f.engine_version}:
+        out.append(f"engine_version {engine_version} not in [{', '.join(f.engine_version)}]")
+    if f.model is not None and model.lower() not in {m.lower() for m in f.model}:
+        out.append(f"model {model} not in [{', '.join(f.model)}]")
+    if f.tp is not None and tp not in f.tp:
+        out.append(f"tp {tp} not in [{', '.join(str(x) for x in f.tp)}]")
+    return "; ".join(out)
 
 
 def _freeze(v: Any) -> Any:
@@ -195,6 +349,8 @@ def coefficient_set_to_dict(cs: CoefficientSet) -> dict:
             body["copied_from"] = _thaw(e.copied_from)
         for k, v in e.extra:
             body[k] = _thaw(v)
+        if e.fitted_on is not None:
+            body["fitted_on"] = e.fitted_on.to_dict()
         out.append({e.name: body})
     return {"kind": "CoefficientSet", "name": cs.name, "coefficients": out}
 
@@ -205,11 +361,12 @@ def dump_coefficient_set(cs: CoefficientSet) -> str:
 
 
 def select(sets: list[CoefficientSet] | tuple[CoefficientSet, ...], *, hardware: str,
-           model: str, tp: int, ep: int, nodes_spanned: int) -> dict[str, tuple[Entry, str]]:
+           model: str, tp: int, ep: int, nodes_spanned: int,
+           engine_version: str | None = None) -> dict[str, tuple[Entry, str]]:
     """Last-applicable-wins selection (documents.md §8.4): name → (entry, set name)."""
     chosen: dict[str, tuple[Entry, str]] = {}
     for cs in sets:
         for e in cs.entries:
-            if e.scope.applies(hardware, model, tp, ep, nodes_spanned):
+            if e.scope.applies(hardware, model, tp, ep, nodes_spanned, engine_version):
                 chosen[e.name] = (e, cs.name)
     return chosen

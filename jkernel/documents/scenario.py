@@ -17,7 +17,8 @@ from .. import limits as _limits
 from ._strict import Reader, load_yaml_documents, read_document_text
 
 __all__ = ["Cluster", "Scenario", "Parallel", "Speculative", "Eplb", "Dbo", "Engine", "Pool",
-           "OffloadTier", "Offload", "Deployment", "parse_bundle", "load_bundle"]
+           "OffloadTier", "Offload", "Deployment", "parse_bundle", "load_bundle",
+           "parse_version"]
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 
@@ -28,6 +29,21 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 #: The vLLM releases whose engine behaviour the rules cover (major, minor), inclusive. The
 #: rules follow vLLM v0.31.0; memory is validated against logs of vLLM 0.8 through 0.23.
 ENGINE_VERSIONS = ((0, 8), (0, 31))
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """``"0.23.0"`` → (0, 23, 0); suffixes such as ``rc1`` or ``.post1`` are dropped."""
+    parts = []
+    for piece in str(version).lstrip("v").split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)  # type: ignore[return-value]
 
 
 def _check_engine_version(r: Reader, version: str) -> None:

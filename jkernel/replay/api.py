@@ -12,7 +12,7 @@ from .. import validate as _v
 from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
-from .sim import Pool, Simulation, ticks
+from .sim import Pool, Simulation, StepRecord, ticks
 from .workload import validate_requests
 
 __all__ = ["ReplayResult", "replay", "replay_disaggregated", "summarize", "format_summary"]
@@ -43,6 +43,9 @@ class ReplayResult:
         requests the summary counts (seconds).
       token_gaps_s: per row of ``requests``, its gaps between consecutive tokens (seconds;
         empty for a rejected or one-token request).
+      record: with ``record=True``, the :class:`~jkernel.replay.sim.StepRecord` of the run
+        (its steps in the order of ``steps``; ``first_step`` / ``last_step`` per row of
+        ``requests``, −1 for a rejected request), else None.
 
     With closed-loop clients or sessions (:class:`~jkernel.replay.Clients`) ``arrival_s``
     is when the request was sent, and ``scheduled_s`` the input's ``arrival_s`` (the
@@ -55,6 +58,7 @@ class ReplayResult:
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     itl_gaps_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     token_gaps_s: list = field(default_factory=list)
+    record: StepRecord | None = None
 
     def __repr__(self) -> str:
         s = self.summary
@@ -173,7 +177,8 @@ def _progress_bar(show: bool, total: int):
 
 
 def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
-         clients: Clients | None = None, window: Window | None = None) -> ReplayResult:
+         clients: Clients | None = None, window: Window | None = None,
+         record: bool = False) -> ReplayResult:
     source = getattr(requests, "attrs", {}).get("source", "requests")
     df = validate_requests(requests, source=source)
     if clients is not None and not isinstance(clients, Clients):
@@ -199,9 +204,16 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     sim = Simulation(pools, arrival_us[keep], df["input_tokens"].to_numpy()[keep],
                      df["output_tokens"].to_numpy()[keep],
                      None if hashes is None else [hashes[i] for i in keep],
-                     progress=_progress_bar(progress, len(keep)), clients=loop)
+                     progress=_progress_bar(progress, len(keep)), clients=loop,
+                     record=record)
     sim.run()
     n = len(df)
+    rec = sim.record
+    if rec is not None:                          # steps per row of the input table
+        for name in ("first_step", "last_step"):
+            full = np.full(n, -1, np.int64)
+            full[keep] = getattr(rec, name)
+            setattr(rec, name, full)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     last = np.full(n, np.nan)
@@ -258,7 +270,7 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     gap_s = np.concatenate(gaps) if gaps else np.zeros(0)
     table = out if measured is None else out[measured]
     summary = summarize(table, gap_s, steps=len(steps), kv_usage_peak=sim.kv_usage_peak)
-    return ReplayResult(out, summary, steps, gap_s, token_gaps)
+    return ReplayResult(out, summary, steps, gap_s, token_gaps, rec)
 
 
 _NO_GAPS = np.zeros(0)
@@ -317,7 +329,7 @@ def format_summary(summary: dict) -> str:
 
 def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int = 0,
            clock: str = "expected_s", clients: Clients | None = None,
-           window: Window | None = None) -> ReplayResult:
+           window: Window | None = None, record: bool = False) -> ReplayResult:
     """Replay ``requests`` on the pool of ``kernel`` (a colocated deployment).
 
     Args:
@@ -336,10 +348,14 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
         the previous turn has finished (``session_id``, ``think_s`` columns).
       window: the warm-up and cool-down the summary leaves out
         (:class:`~jkernel.replay.Window`); None: every request counts.
+      record: keep the batch of every step and the steps of each request's first and last
+        token (``ReplayResult.record``), for the serving fit to price them again.
     """
     del seed
     _v.kernel("kernel", kernel)
-    return _run([Pool(kernel, clock=clock)], requests, progress, clients, window)
+    if not isinstance(record, bool):
+        raise _v.ArgumentError("record", f"must be true or false, not {record!r}")
+    return _run([Pool(kernel, clock=clock)], requests, progress, clients, window, record)
 
 
 def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, *,

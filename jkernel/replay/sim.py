@@ -39,7 +39,7 @@ import numpy as np
 from ..overheads import Placement
 from .scheduler import PoolLimits, Replica, Seq
 
-__all__ = ["Pool", "Engine", "Simulation", "ticks", "step_ticks"]
+__all__ = ["Pool", "Engine", "Simulation", "StepRecord", "ticks", "step_ticks"]
 
 US_PER_S = 1_000_000
 # Events at one instant run in this order: arrivals, step ends, landed transfers, then the
@@ -61,7 +61,8 @@ def step_ticks(seconds: float) -> int:
 class Engine:
     """One engine of a pool: its replicas, the step in flight and (async) the next one."""
 
-    __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next", "waking")
+    __slots__ = ("pool", "index", "node", "replicas", "busy", "inflight", "next", "waking",
+                 "inflight_step")
 
     def __init__(self, pool: "Pool", index: int, node: int):
         self.pool = pool
@@ -72,6 +73,7 @@ class Engine:
         self.inflight = None
         self.next = None
         self.waking = False
+        self.inflight_step = -1       # index in the step log of the step in flight
 
     def outstanding(self) -> int:
         return sum(r.outstanding() for r in self.replicas)
@@ -104,6 +106,10 @@ class Pool:
         self.completion_us = ticks(kernel.completion_overhead())
         self._admission: dict[int, int] = {}
         self.steps = 0
+        #: the slowest replica's batch of the last priced step, ``(scheduled, computed,
+        #: pad)``, kept only when a recording simulation asks (``keep_batch``)
+        self.keep_batch = False
+        self.last_batch = None
 
     def _price(self, sched: list, comp: list, pad: int) -> float:
         """One replica's step through the kernel's array entry point (``step_time`` with
@@ -127,16 +133,49 @@ class Pool:
         """One engine step over its replicas' batches, in ticks; the slowest replica sets it."""
         if self.dp == 1:
             b = per_replica[0]
-            return step_ticks(self._price([x[1] for x in b], [x[2] for x in b], 0))
+            sched, comp = [x[1] for x in b], [x[2] for x in b]
+            if self.keep_batch:
+                self.last_batch = (sched, comp, 0)
+            return step_ticks(self._price(sched, comp, 0))
         tokens = [sum(x[1] for x in b) for b in per_replica]
         top = max(tokens)
-        worst = 0.0
+        worst, slowest = 0.0, None
         for b, t in zip(per_replica, tokens):
             pad = top - t
             if not b and pad == 0:
                 continue
-            worst = max(worst, self._price([x[1] for x in b], [x[2] for x in b], pad))
+            sched, comp = [x[1] for x in b], [x[2] for x in b]
+            s = self._price(sched, comp, pad)
+            if slowest is None or s > worst:
+                worst, slowest = s, (sched, comp, pad)
+        if self.keep_batch:
+            self.last_batch = slowest
         return step_ticks(worst)
+
+
+class StepRecord:
+    """What a recording :class:`Simulation` keeps of its steps and requests, for the serving
+    fit (:mod:`jkernel.calibration.fit.serving`) to price them again at other constants.
+
+    Per step, in step-log order: ``engine`` (its index) and the batch that set its duration
+    (``scheduled``, ``computed`` token lists and ``pad`` tokens of the slowest replica). Per
+    request: ``first_step`` and ``last_step``, the steps whose end delivers its first and
+    its last token (−1 if none). An engine's steps between two wake-ups run back to back, so
+    a token reaches the client ``output_token_overhead`` after the end of its step, which is
+    the step's start plus the durations of the engine's steps from the one running when the
+    request became ready (``arrival + admission_overhead``): a linear function of the step
+    durations and the overheads while the batches stay the same.
+    """
+
+    __slots__ = ("engine", "scheduled", "computed", "pad", "first_step", "last_step")
+
+    def __init__(self, n: int):
+        self.engine: list[int] = []
+        self.scheduled: list[list[int]] = []
+        self.computed: list[list[int]] = []
+        self.pad: list[int] = []
+        self.first_step = np.full(n, -1, np.int64)
+        self.last_step = np.full(n, -1, np.int64)
 
 
 class Simulation:
@@ -147,10 +186,11 @@ class Simulation:
     ``clients``: a :class:`~jkernel.replay.clients.ClientLoop` deciding when each request
     is sent (closed-loop clients, sessions); then ``arrival_us`` is overwritten with the
     sends it chose. Without one every request arrives at its ``arrival_us``.
+    ``record``: keep a :class:`StepRecord` (``self.record``) of a colocated replay.
     """
 
     def __init__(self, pools: list[Pool], arrival_us, prompt, output, hashes=None,
-                 *, progress=None, clients=None):
+                 *, progress=None, clients=None, record: bool = False):
         self.pools = pools
         self.disaggregated = len(pools) == 2
         self.arrival_us = np.array(arrival_us, np.int64)
@@ -171,6 +211,13 @@ class Simulation:
         self._seq = 0
         self._progress = progress
         self._done = 0
+        self.record = None
+        if record:
+            if self.disaggregated:
+                raise ValueError("a step record is kept for a colocated replay only")
+            self.record = StepRecord(n)
+            for p in pools:
+                p.keep_batch = True
 
     # -- events --------------------------------------------------------------------------
     def _push(self, t: int, kind: int, obj) -> None:
@@ -254,7 +301,15 @@ class Simulation:
         nreq = sum(len(b) for b in cur)
         tok = sum(x[1] for b in cur for x in b)
         pre = sum(x[1] for b in cur for x in b if x[1] > pool.decode_threshold)
+        engine.inflight_step = len(self.step_log)
         self.step_log.append((pool.name, engine.index, t, dur, nreq, tok, pre, usage))
+        rec = self.record
+        if rec is not None:
+            sched, comp, pad = pool.last_batch
+            rec.engine.append(engine.index)
+            rec.scheduled.append(sched)
+            rec.computed.append(comp)
+            rec.pad.append(pad)
         if pool.limits.async_scheduling:
             engine.next = self._schedule(engine)
 
@@ -280,9 +335,13 @@ class Simulation:
                 times = self.tokens_us[rid]
                 if not times:
                     self.first_us[rid] = tok_us
+                    if self.record is not None:
+                        self.record.first_step[rid] = engine.inflight_step
                 times.append(tok_us)
                 if len(times) >= self.output[rid]:
                     self.finish_us[rid] = tok_us + pool.completion_us
+                    if self.record is not None:
+                        self.record.last_step[rid] = engine.inflight_step
                     self.preemptions[rid] = seq.preemptions
                     if not self.disaggregated:
                         self.cached_tokens[rid] = seq.cached_tokens

@@ -7,7 +7,8 @@ shape never lands on both sides), step traces by time (the last fraction held ou
 never learns from the steps after those it is judged on) or by a hash of the step's index
 (:meth:`jkernel.calibration.data.traces.StepTrace.held_mask`). :func:`row_hash` is the
 stable per-row hash (SplitMix64 over the key columns), independent of the process, the
-platform and Python's hash seed.
+platform and Python's hash seed. Serving runs are held out whole, by run per source
+(:func:`held_out_runs`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["row_hash", "held_out"]
+__all__ = ["row_hash", "held_out", "held_out_runs"]
 
 
 _M64 = (1 << 64) - 1
@@ -88,3 +89,12 @@ def held_out(fraction: float, *, key_hash: np.ndarray | None = None,
     held = np.zeros(len(t), bool)
     held[np.argsort(t, kind="stable")[int(round((1.0 - fraction) * len(t))):]] = True
     return held
+
+
+def held_out_runs(source: str, runs: Sequence[str]) -> set[str]:
+    """The held-out runs of one source of serving runs: the third (rounded, at least one)
+    whose ``sha256("<source>/<run>")`` sorts first. By run, never by request: a run's load
+    stages go with it, and a run's side depends only on its name and the runs beside it."""
+    names = sorted(set(runs))
+    ranked = sorted(names, key=lambda r: hashlib.sha256(f"{source}/{r}".encode()).hexdigest())
+    return set(ranked[:max(1, round(len(names) / 3))])

@@ -27,16 +27,17 @@ from typing import Iterable, Mapping, Sequence
 
 import yaml
 
-from jkernel.documents.coefficients import (CoefficientSet, Entry, Scope,
-                                            coefficient_set_to_dict)
+from jkernel.documents.coefficients import (CoefficientSet, Entry, FittedOn, Scope,
+                                            VersionRange, coefficient_set_to_dict)
 from jkernel.params import si_scale
 
 from ..fit.chip import ChipFit
 from ..fit.stepfit import STEP_CONSTANTS
 
 __all__ = ["SET_OF", "LAWS", "set_for", "units_for", "round_sig", "make_entry",
-           "profile_entries", "trace_entries", "step_entries", "catalog_yaml", "CatalogDumper",
-           "coefficient_set", "write_coefficient_set"]
+           "profile_entries", "trace_entries", "step_entries", "serving_entries", "serving_set",
+           "SERVING_METRIC", "catalog_yaml", "CatalogDumper", "coefficient_set",
+           "write_coefficient_set"]
 
 #: Which of the standard sets (:data:`jkernel.catalog.COEFFICIENT_SETS`) a coefficient is
 #: written to, by name prefix.
@@ -79,8 +80,8 @@ def _repr_list(dumper, data):
 
 def _repr_dict(dumper, data):
     flow = set(data) <= {"hardware", "model", "tp", "ep", "nodes_spanned", "kind", "cite",
-                         "role", "metric", "median", "p90", "rows"} and all(
-        not isinstance(v, dict) for v in data.values())
+                         "role", "metric", "median", "p90", "rows", "engine_version", "from",
+                         "before"} and all(not isinstance(v, dict) for v in data.values())
     return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
 
 
@@ -121,10 +122,12 @@ def make_entry(name: str, si_value: float, *, hardware: Sequence[str], cite: str
                rows: int, heldout: Mapping | None, se_si: float | None,
                ci_si: tuple[float, float] | None, identifiable: bool, rationale: str,
                method: str = "fitted", units: str | None = None,
-               source_kind: str = "model") -> Entry:
+               source_kind: str = "model", engine_version: VersionRange | None = None,
+               fitted_on: FittedOn | None = None) -> Entry:
     """One coefficient entry in registry units (see the module docstring). ``source_kind``
     is one of the blis-schemas source kinds (``vendor_doc`` for NVIDIA's published profile
-    tables, ``model`` for a fit or a derivation)."""
+    tables, ``model`` for a fit or a derivation); ``engine_version`` scopes it to a range of
+    engine versions, ``fitted_on`` records the deployments of its data."""
     scale = si_scale(name)
     value = round_sig(si_value / scale)
     extra: list[tuple[str, object]] = [("data_sha256", sha256), ("rows", int(rows))]
@@ -139,9 +142,9 @@ def make_entry(name: str, si_value: float, *, hardware: Sequence[str], cite: str
                 ci = (lo, hi)
     extra.append(("identifiable", bool(identifiable)))
     return Entry(name, value, units or units_for(name), method, method in ("fitted",),
-                 Scope(hardware=tuple(hardware)), ci,
+                 Scope(hardware=tuple(hardware), engine_version=engine_version), ci,
                  ((("kind", source_kind), ("cite", cite), ("role", "primary")),),
-                 rationale, None, tuple(extra))
+                 rationale, None, tuple(extra), fitted_on)
 
 
 def profile_entries(chip_fit: ChipFit, *, hardware: Sequence[str] | None = None,
@@ -228,10 +231,13 @@ def trace_entries(fit, *, hardware: Sequence[str], model: Sequence[str] | None =
     return out
 
 
-def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str) -> list[Entry]:
+def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str,
+                 engine_version: VersionRange | None = None,
+                 fitted_on: FittedOn | None = None) -> list[Entry]:
     """Catalog entries of a :class:`jkernel.calibration.fit.stepfit.StepCalibration`: the fitted
     engine-level constants with their data, fit, standard error and the held-out errors
-    before and after (``cite``: the measured runs; ``command``: how to reproduce)."""
+    before and after (``cite``: the measured runs; ``command``: how to reproduce;
+    ``engine_version``, ``fitted_on``: see :func:`make_entry`)."""
     fit = cal.fit
     held = [e for e in fit.errors if e[0] == "held-out" and e[1] == "fitted"]
     heldout = held[0][2].to_dict() if held else None
@@ -256,7 +262,109 @@ def step_entries(cal, *, hardware: Sequence[str], cite: str, command: str) -> li
         out.append(make_entry(name, fit.values[name], hardware=hardware, cite=cite,
                               sha256=fit.trace_sha256, rows=fit.steps_fit + fit.steps_held,
                               heldout=heldout, se_si=lap.se_value[name], ci_si=lap.ci95[name],
-                              identifiable=True, rationale=rationale))
+                              identifiable=True, rationale=rationale,
+                              engine_version=engine_version, fitted_on=fitted_on))
+    return out
+
+
+def _abs_log_errors(table, metric: str, split: str) -> dict | None:
+    """``{metric: abs_log_ratio, median, p90, rows}`` of ``metric`` after the fit over the
+    groups of ``split`` (None when there are none)."""
+    import numpy as np
+
+    t = table[table["split"] == split] if len(table) else table
+    if not len(t):
+        return None
+    r = np.abs(np.log(t[f"{metric}_after"].to_numpy(float) / t[f"{metric}_measured"]
+                      .to_numpy(float)))
+    r = r[np.isfinite(r)]
+    if not r.size:
+        return None
+    return {"metric": "abs_log_ratio", "median": round_sig(float(np.median(r)), 4),
+            "p90": round_sig(float(np.percentile(r, 90)), 4), "rows": int(r.size)}
+
+
+#: The group metric each serving constant acts on most (its entry's held-out error).
+SERVING_METRIC = {"host_admission_per_request": "ttft_mean",
+                  "host_admission_per_token": "ttft_mean", "host_serial": "itl_mean",
+                  "host_serial_per_request": "itl_mean", "compute_derate": "itl_mean"}
+
+
+def serving_set(fits, *, command: str, front_end_hardware: Sequence[str] | None = None,
+                taken_only: bool = True) -> list[Entry]:
+    """The entries of several serving fits (:func:`serving_entries`): what the catalog takes
+    of each (:meth:`~jkernel.calibration.fit.serving.ServingFit.taken`; every identified
+    constant with ``taken_only`` False), each scoped to the engine versions its fit stands
+    for: per constant and chip, the fitted versions split the versions at the boundaries of
+    :mod:`jkernel.calibration.fit.serving`
+    (:func:`~jkernel.calibration.fit.serving.version_ranges`)."""
+    chosen = {id(f): (f.taken() if taken_only else f.names) for f in fits}
+    import hashlib
+
+    from ..fit.serving import FRONT_END, FRONT_END_BOUNDARIES, STEP_BOUNDARIES, version_ranges
+
+    versions: dict = {}
+    for fit in fits:
+        for name in chosen[id(fit)]:
+            versions.setdefault((name, fit.cls.hardware), []).append(fit.cls.engine_version)
+    out = []
+    for fit in fits:
+        if not chosen[id(fit)]:
+            continue
+        sha = hashlib.sha256(";".join(sorted(r.sha256 for r in fit.runs)).encode()).hexdigest()
+        ranges = {name: version_ranges(versions[(name, fit.cls.hardware)],
+                                       FRONT_END_BOUNDARIES if name in FRONT_END
+                                       else STEP_BOUNDARIES)[fit.cls.engine_version]
+                  for name in chosen[id(fit)]}
+        out += serving_entries(fit, command=command, sha256=sha, hardware=front_end_hardware,
+                               engine_versions=ranges, names=chosen[id(fit)])
+    return out
+
+
+def serving_entries(fit, *, command: str, sha256: str, hardware: Sequence[str] | None = None,
+                    engine_versions: Mapping | None = None,
+                    names: Sequence[str] | None = None) -> list[Entry]:
+    """Catalog entries of a :class:`jkernel.calibration.fit.serving.ServingFit`: each
+    constant the fit identified, with its value, standard error and 95 % interval (Laplace),
+    the held-out error of the group metric it acts on, the runs it was fitted on and the
+    command. Step constants are scoped to the fit's chip; front-end constants (host CPU
+    work) to ``hardware`` when given, else the chip; each to ``engine_versions[name]`` when
+    given. ``fitted_on`` records the fit runs' chip, engine version, models and tp."""
+    from ..fit.serving import FRONT_END, SERVING_CONSTANTS
+
+    runs = fit.runs
+    cite = (f"{len(runs)} serving runs ({', '.join(sorted({r.source for r in runs}))}): "
+            + "; ".join(f"{d['run']} ({d['model']}, tp {d['tp']})" for d in fit.deployments)
+            + f"; {fit.cls}")
+    rows = int(sum(g.requests for r in runs for g in r.groups if r.fit_on))
+    lap = fit.laplace
+    offsets = ", ".join(f"{m} {v:+.3f}" for m, v in sorted(fit.offsets.items()))
+    frozen = "; ".join(f"{n}: {why}" for n, why in fit.frozen.items()) or "none"
+    fitted_on = FittedOn(hardware=(fit.cls.hardware,), engine_version=(fit.cls.engine_version,),
+                         model=tuple(sorted({d["model"] for d in fit.deployments})),
+                         tp=tuple(sorted({int(d["tp"]) for d in fit.deployments})))
+    out = []
+    for name in (fit.names if names is None else names):
+        metric = SERVING_METRIC.get(name, "itl_mean")
+        held = _abs_log_errors(fit.table, metric, "held-out")
+        rationale = (f"Engine-level constant fitted from serving runs ({cite}): "
+                     f"{SERVING_CONSTANTS[name]}. Fit: {command} (the fixed point of the "
+                     f"replay, jax.jacfwd of the groups' mean TTFT and ITL through expected_s "
+                     f"and the front end's overheads, Cauchy loss, log-normal priors, a "
+                     f"backtracking line search on the replay; {fit.replays} replays; fitted "
+                     f"together with {', '.join(n for n in fit.names if n != name) or 'nothing'};"
+                     f" models' step offsets (nuisance, log): {offsets or 'none'}). Not fitted: "
+                     f"{frozen}. Held-out groups: the {metric.replace('_', ' ')} error "
+                     "after the fit (heldout_error).")
+        e = make_entry(name, fit.values[name], hardware=(
+            tuple(hardware) if (hardware and name in FRONT_END) else (fit.cls.hardware,)),
+            cite=cite, sha256=sha256, rows=rows, heldout=held,
+            se_si=lap.se_value.get(name) if lap is not None else None,
+            ci_si=lap.ci95.get(name) if lap is not None else None,
+            identifiable=bool(lap is not None and lap.identifiable.get(name, False)),
+            rationale=rationale, fitted_on=fitted_on,
+            engine_version=(engine_versions or {}).get(name))
+        out.append(e)
     return out
 
 

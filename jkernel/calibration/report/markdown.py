@@ -17,7 +17,8 @@ from ..fit.base import PrimitiveFit
 from ..fit.chip import ChipFit
 from .coefficients import LAWS, units_for
 
-__all__ = ["profile_report", "trace_report"]
+__all__ = ["profile_report", "trace_report", "serving_report", "serving_summary",
+           "serving_summary_markdown", "SERVING_METRICS"]
 
 
 def _fmt(x: float | None, name: str = "") -> str:
@@ -139,3 +140,114 @@ def trace_report(fit, *, command: str = "") -> str:
     for note in fit.notes:
         L.append(f"* {note}")
     return "\n".join(L) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+# Serving fits
+
+#: The group metrics of a serving report, as the tables name them.
+SERVING_METRICS = (("ttft_mean", "TTFT"), ("itl_mean", "ITL"), ("e2e_mean", "E2E"))
+
+
+def _pct(x: float) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x * 100:+.1f}".replace("-", "−")
+
+
+def serving_summary(table, by: str = "source"):
+    """Median signed and median absolute error (predicted / measured − 1) before and after,
+    per value of ``by`` and split: a DataFrame (rows: ``by``, ``split``, ``groups``,
+    ``runs``, then ``<metric>_<when>_median`` / ``_median_abs``)."""
+    import pandas as pd
+
+    rows = []
+    if not len(table):
+        return pd.DataFrame(rows)
+    for key, g in table.groupby(by, sort=True):
+        for split in ("fit", "held-out"):
+            h = g[g["split"] == split]
+            if h.empty:
+                continue
+            row = {by: key, "split": split, "groups": len(h), "runs": h["run"].nunique()}
+            for m, _ in SERVING_METRICS:
+                for when in ("before", "after"):
+                    e = h[f"{m}_error_{when}"].dropna()
+                    row[f"{m}_{when}_median"] = float(e.median()) if len(e) else math.nan
+                    row[f"{m}_{when}_median_abs"] = float(e.abs().median()) if len(e) else \
+                        math.nan
+                    row[f"{m}_{when}_max_abs"] = float(e.abs().max()) if len(e) else math.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def serving_summary_markdown(table, by: str = "source") -> str:
+    """:func:`serving_summary` as a Markdown table: per metric, before → after as the
+    signed median (median |error|, max |error|), in %."""
+    s = serving_summary(table, by)
+    head = [by, "split", "groups (runs)"] + [f"{label} before → after" for _, label in
+                                             SERVING_METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in s.iterrows():
+        cells = [str(r[by]), r["split"], f"{int(r['groups'])} ({int(r['runs'])})"]
+        for m, _ in SERVING_METRICS:
+            cells.append(" → ".join(
+                f"{_pct(r[f'{m}_{w}_median'])} ({abs(r[f'{m}_{w}_median_abs']) * 100:.1f}, "
+                f"{abs(r[f'{m}_{w}_max_abs']) * 100:.1f})" for w in ("before", "after")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def serving_report(fits, *, command: str, manifest: str) -> str:
+    """The Markdown report of a serving calibration: per deployment class the fitted
+    constants (value, 95 % interval, before), the constants not fitted and why, the fit's
+    path, then the per-group errors before and after for the fit and the held-out runs, and
+    their medians per source, chip and model family."""
+    import pandas as pd
+
+    from ..fit.serving import SERVING_CONSTANTS
+
+    out = ["# Serving calibration", "",
+           f"Command: `{command}`  ", f"Runs: `{manifest}`", "",
+           "Errors are predicted / measured − 1 of each group's mean TTFT, ITL ((mean E2E − "
+           "mean TTFT) / (mean output − 1)) and E2E; *before* is the catalog as shipped, "
+           "*after* the fitted constants. Held-out runs are never fitted (split by run, per "
+           "source). Medians: signed median (median |error|, max |error|), %.", ""]
+    tables = []
+    for fit in fits:
+        out += [f"## {fit.cls}", "",
+                f"{len(fit.runs)} fit runs, {len(fit.held)} held-out runs; {fit.replays} "
+                f"replays of the fit runs; {fit.wall_s:.0f} s. Verdict: {fit.verdict()}.", "",
+                "| constant | start | fitted | 95 % interval | |", "|---|---:|---:|---|---|"]
+        lap = fit.laplace
+        for name in fit.start:
+            ci = lap.ci95.get(name) if (lap is not None and name in lap.names) else None
+            status = "fitted" if name in fit.names else "not fitted: " + fit.frozen.get(name, "")
+            out.append(f"| `{name}` | {_fmt(fit.start[name], name)} | "
+                       f"{_fmt(fit.values[name], name) if name in fit.names else '—'} | "
+                       + (f"[{_fmt(ci[0], name)}, {_fmt(ci[1], name)}]" if ci else "—")
+                       + f" | {status} |")
+        out.append("")
+        out.append("Units as the catalog states them (µs for host times); *start* is the "
+                   "catalog's value, or the prior's centre where the catalog charges 0. "
+                   + "; ".join(f"`{n}`: {SERVING_CONSTANTS[n]}" for n in fit.names))
+        if fit.offsets:
+            out += ["", "Models' step offsets (log; a nuisance of the fit, never priced): "
+                    + ", ".join(f"{m} {v:+.3f}" for m, v in sorted(fit.offsets.items()))]
+        out += ["", "Path (replayed loss per accepted step): "
+                + " → ".join(f"{h['loss']:.2f}" for h in fit.history), ""]
+        t = fit.table
+        if len(t):
+            tables.append(t)
+            out += ["| run | group | split | TTFT before → after | ITL before → after | "
+                    "E2E before → after |", "|---|---|---|---|---|---|"]
+            for _, r in t.iterrows():
+                out.append(f"| {r['run']} | {r['group']} | {r['split']} | "
+                           + " | ".join(f"{_pct(r[f'{m}_error_before'])} → "
+                                        f"{_pct(r[f'{m}_error_after'])}"
+                                        for m, _ in SERVING_METRICS) + " |")
+            out.append("")
+    if tables:
+        every = pd.concat(tables, ignore_index=True)
+        for by in ("source", "chip", "family"):
+            if by in every.columns:
+                out += [f"## Medians per {by}", "", serving_summary_markdown(every, by), ""]
+    return "\n".join(out) + "\n"

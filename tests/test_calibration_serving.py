@@ -1,0 +1,310 @@
+"""The serving calibration: the run manifest and its refusals
+(jkernel/calibration/data/serving.py), the replay's fixed point and the fit
+(jkernel/calibration/fit/serving.py), the command on the committed excerpt."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import jkernel
+from jkernel.calibration.data.heldout import held_out_runs
+from jkernel.calibration.data.serving import (GroupMeasure, ServingDataError, ServingRun,
+                                              parse_manifest, prefix_columns, read_manifest)
+from jkernel.calibration.fit import serving as fs
+from jkernel.errors import Refusal
+
+ROOT = Path(__file__).resolve().parent
+EXCERPT = ROOT / "data" / "serving-runs" / "manifest.yaml"
+SCENARIO = "qwen3-14b-h100-tp1"
+
+
+# --------------------------------------------------------------------------------------
+# The manifest
+
+def _requests(path: Path, n: int = 20, **extra) -> Path:
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"request_id": np.arange(n), "arrival_time_us": np.arange(n) * 200_000,
+                       "input_tokens": rng.integers(100, 300, n),
+                       "output_tokens": np.full(n, 16),
+                       "ttft_us": np.full(n, 30_000), "e2e_us": np.full(n, 230_000)})
+    for k, v in extra.items():
+        df[k] = v
+    df.to_csv(path, index=False)
+    return path
+
+
+def _doc(**run) -> dict:
+    base = {"name": "r1", "deployment": SCENARIO, "requests": "r1.csv", "format": "requests"}
+    base.update(run)
+    return {"kind": "ServingRuns", "version": 1, "runs": [base]}
+
+
+def _manifest(tmp_path: Path, doc: dict) -> Path:
+    p = tmp_path / "runs.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_a_manifest_reads_per_request_timings_into_group_means(tmp_path):
+    _requests(tmp_path / "r1.csv")
+    runs = read_manifest(_manifest(tmp_path, _doc()))
+    (run,) = runs
+    (g,) = run.groups
+    assert g.key == -1 and g.requests == 20
+    assert g.ttft_mean_s == pytest.approx(0.030) and g.e2e_mean_s == pytest.approx(0.230)
+    assert g.itl_mean_s == pytest.approx(0.200 / 15)
+    assert run.split == "held-out"          # the only run of its source is held out
+    assert len(run.sha256) == 64
+
+
+def test_inline_group_means_and_the_split_rule(tmp_path):
+    _requests(tmp_path / "r1.csv", stage=[0] * 10 + [1] * 10)
+    doc = _doc(groups="stage", split="fit", measured=[
+        {"group": 0, "requests": 100, "output_tokens": 16, "ttft_mean_ms": 25.0,
+         "e2e_mean_ms": 200.0},
+        {"group": 1, "requests": 300, "output_tokens": 16, "ttft_mean_ms": 28.0,
+         "e2e_mean_ms": 260.0, "label": "busy"}])
+    (run,) = read_manifest(_manifest(tmp_path, doc))
+    assert [g.requests for g in run.groups] == [100, 300]
+    assert run.groups[1].label == "busy" and run.split == "fit"
+    assert run.measured_ttft_s is None
+    names = [f"run{i}" for i in range(9)]
+    held = held_out_runs("s", names)
+    assert len(held) == 3 and held == held_out_runs("s", list(reversed(names)))
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"bogus": 1}, "runs[0].bogus"),
+    ({"clock": "wall"}, "runs[0].clock"),
+    ({"fit_on": ["ttft", "tpot"]}, "runs[0].fit_on[1]"),
+    ({"measured": [{"group": -1, "requests": 5, "output_tokens": 16, "ttft_mean_ms": 30,
+                    "e2e_mean_ms": 20}]}, "runs[0].measured[0].e2e_mean_ms"),
+    ({"measured": [{"group": 3, "requests": 5, "output_tokens": 16, "ttft_mean_ms": 30,
+                    "e2e_mean_ms": 200}]}, "runs[0].measured[0].group"),
+    ({"groups": "stage"}, "runs[0].groups"),
+    ({"requests": "missing.csv"}, "runs[0].requests"),
+])
+def test_a_bad_manifest_is_refused_naming_the_file_and_the_key(tmp_path, change, key):
+    _requests(tmp_path / "r1.csv")
+    p = _manifest(tmp_path, _doc(**change))
+    with pytest.raises(Refusal) as exc:
+        read_manifest(p)
+    assert str(p) in str(exc.value) and key in str(exc.value)
+
+
+def test_a_missing_required_key_and_a_repeated_run_are_refused(tmp_path):
+    _requests(tmp_path / "r1.csv")
+    doc = _doc()
+    del doc["runs"][0]["deployment"]
+    with pytest.raises(Refusal, match=r"runs\[0\]\.deployment"):
+        read_manifest(_manifest(tmp_path, doc))
+    doc = _doc()
+    doc["runs"].append(dict(doc["runs"][0]))
+    with pytest.raises(Refusal, match=r"runs\[1\]\.name"):
+        read_manifest(_manifest(tmp_path, doc))
+
+
+def test_a_bad_request_row_is_refused_naming_the_file_and_the_row(tmp_path):
+    ttft = np.full(20, 30_000.0)
+    ttft[7] = -1.0
+    path = _requests(tmp_path / "r1.csv")
+    df = pd.read_csv(path)
+    df["ttft_us"] = ttft
+    df.to_csv(path, index=False)
+    with pytest.raises(ServingDataError) as exc:
+        read_manifest(_manifest(tmp_path, _doc()))
+    assert str(path) in str(exc.value) and "row 7" in str(exc.value)
+    df["ttft_us"] = 30_000
+    df.loc[4, "input_tokens"] = 0
+    df.to_csv(path, index=False)
+    with pytest.raises(ServingDataError) as exc:
+        read_manifest(_manifest(tmp_path, _doc()))
+    assert str(path) in str(exc.value) and "4" in str(exc.value)
+
+
+def test_the_prompt_rule_makes_repeated_prompts_share_their_blocks():
+    df = pd.DataFrame({"input_tokens": [64, 64, 64], "prompt_id": [1, 2, 1],
+                       "prefix_group": [0, 0, 0], "shared_prefix_tokens": [32, 32, 32]})
+    out = prefix_columns(df, "prompt", 16)
+    h = [row.split() for row in out["block_hashes"]]
+    assert h[0] == h[2]                  # the same prompt: every block shared
+    assert h[0][:2] == h[1][:2]          # the group's system prompt: its two full blocks
+    assert h[0][2:] != h[1][2:]
+    assert "prefix_group" not in out.columns
+    with pytest.raises(ServingDataError, match="prompt_id"):
+        prefix_columns(df.drop(columns=["prompt_id"]), "prompt", 16)
+
+
+# --------------------------------------------------------------------------------------
+# The fixed point and the fit
+
+def _synthetic_requests(rate: float, n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"request_id": np.arange(n),
+                         "arrival_s": np.cumsum(rng.exponential(1.0 / rate, n)),
+                         "input_tokens": rng.integers(300, 900, n),
+                         "output_tokens": np.full(n, 48)})
+
+
+def _run(name: str, df: pd.DataFrame, groups=(GroupMeasure(-1, "all", 1, 48, 0.05, 1.0),)):
+    from jkernel.replay import validate_requests
+
+    return ServingRun(name, "synthetic", SCENARIO, validate_requests(df), tuple(groups),
+                      split="fit")
+
+
+def test_the_fixed_point_reproduces_the_replay():
+    """At the constants it was replayed with, the fixed-point function gives the replay's
+    own group means (to the microsecond ticks of the replay's clock)."""
+    jkernel.enable_x64()
+    k = jkernel.open(SCENARIO)
+    run = _run("a", _synthetic_requests(6.0, 60, 1))
+    names = list(fs.SERVING_CONSTANTS)
+    theta = np.log([fs._start(k, n) for n in names])
+    (seg,) = fs.segments_of(run, sample=0)
+    (fp,) = fs._replay_segments([seg], {id(run): k}, names, theta)
+    t, e, dt, de = fs._predicted([fp], [run], names, theta, jac=True)[(0, 0)]
+    req = fp.result.requests
+    assert t == pytest.approx(req["ttft_s"].mean(), abs=2e-6)
+    assert e == pytest.approx(req["e2e_s"].mean(), abs=2e-6)
+    i = names.index("host_admission_per_request")
+    # a request's own admission moves its latency one for one
+    assert dt[i] == pytest.approx(math.exp(theta[i]), rel=1e-6)
+    assert np.all(np.isfinite(dt)) and np.all(np.isfinite(de))
+
+
+def test_sampled_groups_count_the_transient_of_the_first_group_only():
+    df = _synthetic_requests(20.0, 1000, 2)
+    df["stage"] = [0] * 500 + [1] * 500
+    groups = (GroupMeasure(0, "s0", 500, 48, 0.05, 1.0), GroupMeasure(1, "s1", 500, 48, 0.05, 1.0))
+    run = ServingRun("b", "synthetic", SCENARIO, df, groups, "stage", split="fit")
+    s0, s1 = fs.segments_of(run, sample=100, transient_min=100)
+    assert len(s0.requests) == len(s1.requests) == 200
+    assert np.all(s0.weight[:100] == 1.0) and np.allclose(s0.weight[100:], 400 / 100)
+    assert np.all(s1.weight[:100] == 0.0) and np.all(s1.weight[100:] == 1.0)
+    assert s1.requests["arrival_s"].iloc[0] == 0.0
+
+
+def test_the_fit_recovers_known_constants_from_replays_it_generated():
+    """Three loads replayed at known constants (a 4 ms front end, 1.1 ms of host time per
+    step), their group means perturbed by 0.5 % noise: the fit, started from the catalog
+    (0 and 0.72 ms), finds both within 10 % and inside its 95 % interval."""
+    jkernel.enable_x64()
+    k = jkernel.open(SCENARIO)
+    truth = {"host_admission_per_request": 4e-3, "host_serial": 1.1e-3}
+    kt = k.with_params(k.params.replace(**truth))
+    rng = np.random.default_rng(7)
+    runs = []
+    from jkernel.replay import replay
+    for i, rate in enumerate((2.0, 6.0, 12.0)):
+        df = _synthetic_requests(rate, 90, 10 + i)
+        res = replay(kt, df)
+        t = res.requests["ttft_s"].mean() * (1 + rng.normal(0, 0.005))
+        e = res.requests["e2e_s"].mean() * (1 + rng.normal(0, 0.005))
+        runs.append(_run(f"load{rate:g}", df, (GroupMeasure(-1, "all", 90, 48.0, t, e),)))
+    fit = fs.fit_serving(runs, list(truth), sample=0, max_outer=3,
+                         kernels={r.label: k for r in runs}, evaluate_after=False)
+    assert set(fit.names) == set(truth)
+    for name, v in truth.items():
+        assert fit.values[name] == pytest.approx(v, rel=0.10), name
+        lo, hi = fit.ci95(name)
+        assert lo <= v <= hi, (name, lo, hi)
+    assert fit.accepted
+
+
+def test_fit_serving_refuses_runs_of_two_classes_and_unknown_constants():
+    a = _run("a", _synthetic_requests(2.0, 10, 1))
+    with pytest.raises(ValueError, match="not a serving constant"):
+        fs.fit_serving([a], ["hbm_derate"], evaluate_after=False)
+    b = ServingRun("b", "synthetic", str(ROOT.parent / "validation" / "scenarios" /
+                                         "mistral-nemo-h100-tp1-vllm0.15.yaml"),
+                   a.requests, a.groups, split="fit")
+    with pytest.raises(ValueError, match="one deployment class"):
+        fs.fit_serving([a, b], evaluate_after=False)
+
+
+def test_version_ranges_split_at_the_engine_boundaries():
+    r = fs.version_ranges(["0.23.0", "0.8.5", "0.15.1"], fs.FRONT_END_BOUNDARIES)
+    assert (r["0.8.5"].first, r["0.8.5"].before) == (fs.OLDEST, "0.10.0")
+    assert (r["0.15.1"].first, r["0.15.1"].before) == ("0.10.0", "0.23.0")
+    assert (r["0.23.0"].first, r["0.23.0"].before) == ("0.23.0", None)
+    (only,) = fs.version_ranges(["0.19.0"], fs.STEP_BOUNDARIES).values()
+    assert only.contains("0.8.0") and only.contains("0.31.0")
+
+
+def test_family_of_cuts_the_name_at_the_parameter_count():
+    assert fs.family_of("llama-3.1-70b-instruct") == "llama-3.1"
+    assert fs.family_of("qwen2.5-7b-instruct") == "qwen2.5"
+    assert fs.family_of("yi-34b") == "yi"
+    assert fs.family_of("mistral-nemo-instruct-2407") == "mistral-nemo"
+
+
+# --------------------------------------------------------------------------------------
+# The command on the committed excerpt (a fresh clone has no ../shared)
+
+def test_the_command_runs_on_the_committed_excerpt(tmp_path):
+    from jkernel.calibration.__main__ import main
+    from jkernel.documents.coefficients import load_coefficient_set
+
+    out = tmp_path / "serving.yaml"
+    table = tmp_path / "groups.csv"
+    rc = main(["serving", "--runs", str(EXCERPT), "--out", str(out), "--max-outer", "1",
+               "--table", str(table), "--write-all", "--quiet"])
+    assert rc == 0
+    cs = load_coefficient_set(out)
+    assert cs.entries
+    for e in cs.entries:
+        assert e.method == "fitted" and e.fitted_on is not None
+        assert e.scope.engine_version is not None
+        assert dict(e.extra)["data_sha256"]
+    report = out.with_suffix(".md").read_text()
+    assert "# Serving calibration" in report and "held-out" in report
+    t = pd.read_csv(table)
+    assert set(t["split"]) == {"fit"}
+    assert {"ttft_mean_error_before", "itl_mean_error_after"} <= set(t.columns)
+
+
+def test_the_command_refuses_a_bad_manifest_with_status_2(tmp_path, capsys):
+    from jkernel.calibration.__main__ import main
+
+    p = tmp_path / "m.yaml"
+    p.write_text("kind: ServingRuns\nversion: 2\nruns: []\n")
+    assert main(["serving", "--runs", str(p), "--out", str(tmp_path / "o.yaml")]) == 2
+    assert "version" in capsys.readouterr().err
+
+
+def test_parse_manifest_anchors_relative_paths_at_the_given_root(tmp_path):
+    (tmp_path / "data").mkdir()
+    _requests(tmp_path / "data" / "r1.csv")
+    doc = _doc()
+    (run,) = parse_manifest(doc, file=str(tmp_path / "m.yaml"), root=tmp_path / "data")
+    assert run.requests.attrs["source"].endswith("r1.csv")
+
+
+def test_merging_version_scoped_entries_keeps_disjoint_versions_side_by_side():
+    """The regeneration's replacement rule: a new entry for a chip and a version range
+    takes the chip from an unversioned entry of the same name, and entries of one name and
+    chip for disjoint versions live side by side."""
+    from jkernel.calibration.regenerate import merge_entries
+    from jkernel.documents.coefficients import Entry, Scope, VersionRange
+
+    def e(value, hw, ev=None):
+        return Entry("host_admission_per_request", value, "us_per_request",
+                     "fitted" if value else "not_charged", bool(value),
+                     Scope(hardware=hw, engine_version=ev), rationale="r")
+
+    old = [e(0.0, ("a100-sxm", "h100"))]
+    new = [e(5000.0, ("a100-sxm", "h100"), VersionRange("0.10.0", "0.23.0")),
+           e(6800.0, ("a100-sxm", "h100"), VersionRange("0.23.0"))]
+    out = merge_entries(old, new)
+    assert [x.value for x in out] == [5000.0, 6800.0]
+    again = merge_entries(out, [e(7000.0, ("h100",), VersionRange("0.23.0"))])
+    kept = {(x.value, x.scope.hardware) for x in again}
+    assert kept == {(5000.0, ("a100-sxm", "h100")), (6800.0, ("a100-sxm",)),
+                    (7000.0, ("h100",))}

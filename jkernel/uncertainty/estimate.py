@@ -81,8 +81,8 @@ class GroupResidual:
 
 def weighted_spread(values: Sequence[float], keys: Sequence[str]) -> tuple[float, float, int]:
     """``(mean, sd, units)`` of ``values`` with every distinct key weighing the same;
-    ``sd`` is the weighted (reliability-corrected) standard deviation widened by
-    ``sqrt(1 + 1/units)``; NaN values are left out."""
+    ``sd`` is the weighted standard deviation (mean square about the mean times
+    ``units / (units − 1)``) widened by ``sqrt(1 + 1/units)``; NaN values are left out."""
     v = np.asarray(values, float)
     k = np.asarray(keys, object)
     ok = np.isfinite(v)
@@ -95,8 +95,9 @@ def weighted_spread(values: Sequence[float], keys: Sequence[str]) -> tuple[float
     units = len(uniq)
     if units < 2:
         return mean, float("nan"), units
-    v1, v2 = np.sum(w), np.sum(w * w)
-    var = float(np.sum(w * (v - mean) ** 2) / (v1 - v2 / v1))
+    # the weighted mean square about the mean, with n / (n − 1) for n units (a unit's
+    # groups are not independent draws, so the units are what is counted)
+    var = float(np.sum(w * (v - mean) ** 2) / np.sum(w)) * units / (units - 1)
     return mean, math.sqrt(max(var, 0.0) * (1.0 + 1.0 / units)), units
 
 

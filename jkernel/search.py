@@ -653,17 +653,19 @@ SLA_LEVEL = 0.8
 
 
 def replay_candidate(cand: Candidate, wl: Workload,
-                     repos: _catalog.Repos | None = None, draws: int = 0) -> dict:
+                     repos: _catalog.Repos | None = None, draws: int = 0,
+                     error_model=None) -> dict:
     """Replay ``cand`` (every engine and replica of its pools, as :mod:`jkernel.replay`
     routes them) on the seeded workload; the replay summary's figures. With ``draws``
     (≥ 2) the replay is the point of an interval replay of that many draws over
     :data:`SLA_SEEDS` workload seeds, and the figures add ``p_sla``, ``sla_margin``,
-    ``sla_binding`` and the :data:`SLA_LEVEL` intervals of TTFT p90 and ITL p50/p90."""
+    ``sla_binding`` and the :data:`SLA_LEVEL` intervals of TTFT p90 and ITL p50/p90
+    (``error_model``: default the catalog's)."""
     from . import replay as _replay
 
     kernels = [build_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
     if draws >= 2:
-        return _interval_figures(cand, wl, kernels, draws)
+        return _interval_figures(cand, wl, kernels, draws, error_model)
     reqs = workload(wl)
     if cand.mode == "colocated":
         res = _replay.replay(kernels[0], reqs, seed=wl.seed, clients=clients(wl))
@@ -673,13 +675,15 @@ def replay_candidate(cand: Candidate, wl: Workload,
     return replay_figures(res, cand.fleet.gpus)
 
 
-def _interval_figures(cand: Candidate, wl: Workload, kernels: list, draws: int) -> dict:
+def _interval_figures(cand: Candidate, wl: Workload, kernels: list, draws: int,
+                      error_model=None) -> dict:
     from .replay.intervals import replay_intervals
     from .uncertainty.sla import sla_probability
 
     tables = [workload(replace(wl, seed=wl.seed + j)) for j in range(SLA_SEEDS)]
     res = replay_intervals(kernels if len(kernels) > 1 else kernels[0], tables,
-                           level=SLA_LEVEL, draws=draws, clients=clients(wl), seed=wl.seed)
+                           level=SLA_LEVEL, draws=draws, clients=clients(wl), seed=wl.seed,
+                           error_model=error_model)
     out = replay_figures(res.point, cand.fleet.gpus)
     targets = {"ttft_p90_s": wl.ttft_s, "itl_p90_s": wl.itl_s}
     values = {m: np.asarray(res.metrics[m].draws) for m in targets}

@@ -221,8 +221,11 @@ def markdown(cells: pd.DataFrame) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validation.coverage",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--residuals", required=True,
+    p.add_argument("--residuals", default=None,
                    help="python -m validation.error_model --residuals's table")
+    p.add_argument("--cells", default=None, metavar="CELLS.csv",
+                   help="print the tables of cells already scored (an --out file) instead "
+                        "of replaying anything")
     p.add_argument("--residency", default="../shared/data/residency-vllm")
     p.add_argument("--serving", default="../shared/data/serving-runs")
     p.add_argument("--draws", type=int, default=32)
@@ -232,6 +235,12 @@ def main(argv=None) -> int:
     p.add_argument("--runs", nargs="*", default=None, help="only these runs")
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args(argv)
+    if a.cells:
+        cells = pd.read_csv(a.cells)
+        print(markdown(cells) if a.markdown else summary(cells).to_string(index=False))
+        return 0
+    if not a.residuals:
+        p.error("--residuals is needed to score runs (or --cells to print scored ones)")
     import jkernel
 
     jkernel.enable_x64()

@@ -47,7 +47,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["constants_digest", "operating_point_step", "operating_point_log_ratio",
-           "residency_steps", "residency_groups", "serving_groups", "estimate_from", "main"]
+           "residency_steps", "residency_groups", "serving_groups", "estimate_from",
+           "summary_markdown", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "catalog" / "uncertainty" / "error-model.yaml"
@@ -314,6 +315,46 @@ def estimate_from(steps, table: pd.DataFrame, fitted_range, correlations=(), *,
                     notes=notes)
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}".replace("-", "\u2212")
+
+
+def summary_markdown(model) -> str:
+    """The error model as Markdown: the systematic spread per class and regime (bias and
+    sd of the log ratio, in per cent, with what each rests on), the step jitter and the
+    front end."""
+    from jkernel.regimes import REGIMES
+    from jkernel.uncertainty.errormodel import CLASSES
+
+    lines = ["| class | " + " | ".join(r.label for r in REGIMES) + " | rests on |",
+             "|---|" + "---:|" * len(REGIMES) + "---|"]
+    for c in CLASSES:
+        sp = model.systematic[c]
+        cells = []
+        for s in sp:
+            cell = f"{_pct(s.bias)} ± {s.sd * 100:.1f}"
+            cells.append(cell + (f" (← {s.borrowed_from})" if s.borrowed_from else ""))
+        own = [s for s in sp if not s.borrowed_from]
+        rest = (f"{own[0].count} {own[0].unit}" if own else
+                f"borrowed from {sp[0].borrowed_from}")
+        lines.append(f"| {c.replace('_', ' ')} | " + " | ".join(cells) + f" | {rest} |")
+    lines.append("| step jitter (sd) | " + " | ".join(
+        f"{s.sd * 100:.1f}" + (f" (← {s.borrowed_from})" if s.borrowed_from else "")
+        for s in model.step_jitter) + f" | {model.step_jitter[0].count:,} steps |")
+    fe = model.front_end
+    lines.append("")
+    lines.append(f"Front end (client-side time the model does not price): "
+                 f"{fe.bias_s * 1e3:+.1f} ± {fe.sd_s * 1e3:.1f} ms per request, from "
+                 f"{fe.count} {fe.unit}. Fitted range: "
+                 f"{', '.join(model.fitted_range.hardware)}, "
+                 f"{', '.join(model.fitted_range.model)}, tp "
+                 f"{', '.join(map(str, model.fitted_range.tp))}, vLLM "
+                 f"{', '.join(model.fitted_range.engine_version)}, up to "
+                 f"{model.fitted_range.max_requests} requests and "
+                 f"{model.fitted_range.max_scheduled_tokens:,} tokens per step.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validation.error_model",
                                 description=__doc__.split("\n\n")[0])
@@ -326,7 +367,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the error-model document")
     p.add_argument("--residuals", default=None, help="also write the group residuals (CSV)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--summary", default=None, metavar="DOCUMENT",
+                   help="print an error-model document as the Markdown tables of "
+                        "docs/intervals.md instead (reads nothing else)")
     a = p.parse_args(argv)
+    if a.summary:
+        from jkernel.uncertainty.errormodel import load_error_model
+
+        print(summary_markdown(load_error_model(a.summary)))
+        return 0
     for path in (a.residency, a.serving):
         if not Path(path).is_dir():
             print(f"{path}: no such folder", file=sys.stderr)

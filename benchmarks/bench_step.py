@@ -276,7 +276,7 @@ def main() -> None:
     # the ceiling: the compiled program alone on one device-resident chunk
     dev = [jax.device_put(x) for x in (sa[:chunk], ca[:chunk],
                                        np.tile(np.array([[1, 0, 0]], np.int32), (chunk, 1)))]
-    prog = lambda: jax.block_until_ready(k._c.many(k._flat, *dev))  # noqa: E731
+    prog = lambda: jax.block_until_ready(k._programs.many(k._flat, *dev))  # noqa: E731
     npc = lambda: (sa[:chunk].sum(axis=1), ca[:chunk].sum(axis=1))  # noqa: E731
     med4, t4 = interleaved({"prog": prog, "np": npc}, rounds, 3)
     row("   the pricing program alone (one chunk, on device) / NumPy pass",
@@ -332,10 +332,10 @@ def main() -> None:
     comp_s = []
     from jkernel.kernel import _Compiled
 
-    split = hasattr(k._c, "reduce_requests")    # a bucket is its request reduction alone
+    split = hasattr(k._programs, "reduce_requests")   # a bucket is its request reduction alone
     for size in k.buckets[:3] if quick else k.buckets:
         packed = np.zeros(2 * size + 3, np.int32)
-        fresh = _Compiled(k.plan, k.options, k._c.names)      # new functions: a cold trace
+        fresh = _Compiled(k.plan, k.options, k._programs.names)   # new functions: a cold trace
         t0 = time.perf_counter()
         if split and 2 * size + 3 > 128:
             fresh.reduce_requests.lower(packed, k._flat.dtype).compile()
@@ -345,7 +345,7 @@ def main() -> None:
     row("compile of one bucket (trace + lower + XLA), s",
         ", ".join(f"{sz}: {t:.2f}" for sz, t in comp_s), "≤ 1 s")
     if split:
-        fresh = _Compiled(k.plan, k.options, k._c.names)
+        fresh = _Compiled(k.plan, k.options, k._programs.names)
         packed = np.zeros(2 * 64 + 3, np.int32)
         vec = fresh.reduce_requests(packed, k._flat.dtype)
         t0 = time.perf_counter()

@@ -71,7 +71,7 @@ def draw_pairs(rng, n_pairs: int, width: int, budget: int, thr_choices=(1, 1, 4)
 
 def check(kernel, rng, n_pairs: int):
     width = 16
-    budget = int(kernel.settings.get("max_num_batched_tokens") or 8192)
+    budget = kernel.settings.max_num_batched_tokens
     bs, bc, ms, mc, thr, moves = draw_pairs(rng, n_pairs, width, budget)
     a = kernel.price_many(scheduled=bs, computed=bc, decode_threshold=thr)
     b = kernel.price_many(scheduled=ms, computed=mc, decode_threshold=thr)

@@ -16,11 +16,11 @@ from importlib import import_module as _import
 #: ``jkernel catalog`` or ``jkernel derive`` start without importing JAX.
 _HOME = {
     "Batch": "batch", "Request": "batch", "Repos": "catalog", "Refusal": "errors",
-    "Kernel": "kernel", "enable_compilation_cache": "kernel", "enable_x64": "kernel",
+    "Kernel": "kernel", "enable_compilation_cache": "runtime", "enable_x64": "runtime",
     "new": "kernel", "open": "kernel", "open_inputs": "kernel", "open_pool": "kernel",
     "Placement": "overheads", "Params": "params", "ENGINE_BEHAVIOUR_VERSION": "resolve",
-    "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "step", "StepEstimate": "step",
-    "StepOptions": "step", "ArgumentError": "validate",
+    "EngineSettings": "resolve", "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "step",
+    "StepEstimate": "step", "StepOptions": "step", "ArgumentError": "validate",
 }
 
 
@@ -40,6 +40,7 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = ["open", "open_pool", "open_inputs", "new", "Kernel", "Batch", "Request",
-           "StepEstimate", "StepOptions", "Refusal", "ArgumentError", "Placement", "Params", "Repos",
+           "StepEstimate", "StepOptions", "EngineSettings", "Refusal", "ArgumentError",
+           "Placement", "Params", "Repos",
            "RESOURCES", "enable_x64", "enable_compilation_cache",
            "ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .step import BatchArrays
+from .limits import MAX_BATCH_REQUESTS
 from .validate import ArgumentError, step_scalars, tokens_array
 
 __all__ = ["Request", "Batch", "DEFAULT_BUCKETS", "bucket_for", "parse_batch_spec"]
@@ -83,12 +84,27 @@ class Batch:
     @classmethod
     def of(cls, requests: Sequence[Request | tuple], **kw) -> "Batch":
         """From :class:`Request` objects or ``(scheduled, computed[, prompt_len])`` tuples."""
-        rows = [(r.scheduled, r.computed, r.prompt_len or r.scheduled + r.computed)
-                if isinstance(r, Request) else
-                (r[0], r[1], r[2] if len(r) > 2 else r[0] + r[1]) for r in requests]
+        if isinstance(requests, (str, bytes)) or not isinstance(requests,
+                                                                 (Sequence, np.ndarray)):
+            raise ArgumentError("requests", f"must be a sequence of jkernel.Request or "
+                                f"(scheduled, computed[, prompt_len]) tuples, got {requests!r}")
+        rows = []
+        for i, r in enumerate(requests):
+            if isinstance(r, Request):
+                rows.append((r.scheduled, r.computed, r.prompt_len or None))
+            elif (isinstance(r, (Sequence, np.ndarray)) and not isinstance(r, (str, bytes))
+                  and np.ndim(r) == 1 and len(r) in (2, 3)):
+                rows.append((r[0], r[1], r[2] if len(r) > 2 else None))
+            else:
+                raise ArgumentError(f"requests[{i}]", f"must be a jkernel.Request or a "
+                                    f"(scheduled, computed[, prompt_len]) tuple, got {r!r}")
         if not rows:
             return cls((), (), (), **kw)
         s, c, p = zip(*rows)
+        if any(x is None for x in p):             # prompt_len unstated: scheduled + computed
+            s_arr = tokens_array("scheduled", s)
+            c_arr = tokens_array("computed", c, len(s_arr))
+            p = [int(s_arr[i]) + int(c_arr[i]) if x is None else x for i, x in enumerate(p)]
         return cls(s, c, p, **kw)
 
     @classmethod
@@ -123,7 +139,7 @@ class Batch:
 
 
 #: The most requests one ``NxS@C`` spec may describe (a guard against a typo's 10¹⁰).
-MAX_SPEC_REQUESTS = 1 << 20
+MAX_SPEC_REQUESTS = MAX_BATCH_REQUESTS
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*@\s*(\d+)\s*$")
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
 
 from . import catalog as _catalog
 from .errors import Refusal
@@ -37,13 +39,35 @@ def _kernels(args):
     return [open_pool(args.scenario, i) for i in range(len(pools))]
 
 
+def _json(obj, **kw) -> str:
+    """``obj`` as strict JSON: a NaN or an infinity (a latency of a replay that completed
+    no request) becomes null, never the bare ``NaN`` JSON readers refuse."""
+    def clean(x):
+        if type(x).__module__ == "numpy" and hasattr(x, "item"):     # numpy scalars
+            x = x.item()
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), allow_nan=False, **kw)
+
+
+def _bundle_file(scenario: str) -> str | None:
+    """The bundle file a SCENARIO argument names, when it names a file (an input no output
+    may overwrite)."""
+    return scenario if Path(scenario).is_file() else None
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:10.3f} ms"
 
 
 def _title(k) -> str:
     sc = k.inputs.scenario
-    pool = k.deployment()
+    pool = k.pool()
     return (f"{sc.name}: {sc.model} on {sc.cluster.hardware}, pool {k.inputs.pool_index} "
             f"({pool.role}), tp {k.plan.tp} dp {k.plan.dp} ep {k.plan.ep}")
 
@@ -57,7 +81,7 @@ def _cmd_price(args) -> int:
     out = []
     for k in _kernels(args):
         est = k.step_time(batch)
-        row = {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
+        row = {"scenario": k.inputs.scenario.name, "pool": k.pool().role,
                "batch": args.batch, "requests": len(batch), "tokens": batch.tokens(),
                "expected_s": est.expected_s, "overlap_s": est.overlap_s,
                "no_overlap_s": est.no_overlap_s, "per_resource_s": est.resources(),
@@ -82,7 +106,7 @@ def _cmd_price(args) -> int:
         if table is not None:
             _print_breakdown(table)
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        print(_json(out if len(out) > 1 else out[0], indent=2))
     return 0
 
 
@@ -90,18 +114,17 @@ def _memory_row(k) -> dict:
     """The memory comparison's terms for one pool (memory.md; jkernel/memory.py rules)."""
     from . import memory as _mem
     fb = k.fixed_bytes()
-    mem = k._r.memory
+    mem = k.memory_plan
     page = k.page_bytes()
     pages = k.kv_cache_pages()
     block = k.plan.block_size
-    util = k.settings["gpu_memory_utilization"]
+    util = k.settings.gpu_memory_utilization
     device = k.device_memory_bytes()
     budget = device * util
-    engine = getattr(k.deployment(), "engine", None)
-    max_len = int(getattr(engine, "max_model_len", 0) or 0)
+    max_len = k.pool().engine.max_model_len          # as stated; 0: unstated
     rules = mem.rules
     applied = _mem.rule_summary(mem)
-    return {"scenario": k.inputs.scenario.name, "pool": k.deployment().role,
+    return {"scenario": k.inputs.scenario.name, "pool": k.pool().role,
             "engine_version": k.inputs.scenario.engine_version,
             "recipe": "jkernel's recipe (vLLM v0.29 on)" if rules.spec_recipe
             else "vLLM V1 start-up profile",
@@ -135,7 +158,7 @@ def _cmd_memory(args) -> int:
     kernels = list(_kernels(args))
     out = [_memory_row(k) for k in kernels]
     if args.json:
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2))
+        print(_json(out if len(out) > 1 else out[0], indent=2))
         return 0
     gib = 2.0 ** 30
     for k, row in zip(kernels, out):
@@ -185,7 +208,7 @@ def _cmd_catalog(args) -> int:
         out = {"catalog": str(_catalog.catalog_root()),
                "registry": str(_catalog.registry_root())}
         out.update({w: lists[w]() for w in what})
-        print(json.dumps(out, indent=2))
+        print(_json(out, indent=2))
         return 0
     print(f"catalog  {_catalog.catalog_root()}")
     print(f"registry {_catalog.registry_root()}")
@@ -200,20 +223,20 @@ def _cmd_catalog(args) -> int:
 def _provenance_row(k) -> dict:
     ev, total, assumed = k.evidence()
     return {"scenario": k.inputs.scenario.name, "pool": k.inputs.pool_index,
-            "role": k.deployment().role, "evidenced": ev, "values": total,
+            "role": k.pool().role, "evidenced": ev, "values": total,
             "assumed": list(assumed),
             "entries": [{"name": p.name, "set": p.set, "method": p.method, "scope": p.scope}
                         for p in k.provenance()],
             "overrides": [{"field": o.field, "requested": o.requested,
                            "resolved": o.resolved, "reason": o.reason}
-                          for o in k.resolved().overrides]}
+                          for o in k.resolution().overrides]}
 
 
 def _cmd_provenance(args) -> int:
     kernels = _kernels(args)
     if args.json:
         out = [_provenance_row(k) for k in kernels]
-        print(json.dumps(out if len(out) > 1 else out[0], indent=2, default=str))
+        print(_json(out if len(out) > 1 else out[0], indent=2, default=str))
         return 0
     for k in kernels:
         print(_title(k))
@@ -221,7 +244,7 @@ def _cmd_provenance(args) -> int:
         print(f"  {ev} of {total} values evidenced; {len(assumed)} assumed")
         for p in k.provenance():
             print(f"  {p.name:<56} {p.set:<28} {p.method:<12} {p.scope}")
-        res = k.resolved()
+        res = k.resolution()
         for o in res.overrides:
             print(f"  override {o.field}: {o.requested!r} → {o.resolved!r} ({o.reason})")
     return 0
@@ -230,7 +253,9 @@ def _cmd_provenance(args) -> int:
 def _cmd_derive(args) -> int:
     from . import derive
 
+    derive.check_model_name(args.name)                 # a name, never a path
     if args.out:
+        derive.check_models_dir(args.out, args.name, argument="--out")   # before deriving
         path = derive.write_model(args.config, args.name, args.out, args.quant_config)
         print(f"wrote {path}")
         return 0
@@ -286,6 +311,7 @@ def _schedule(requests, rate: str | None, seed: int):
 def _cmd_replay(args) -> int:
     """Replay a request file, a workload spec or a benchmark result on the scenario's
     pool(s); write one row per request; with --compare, predicted against measured."""
+    from . import atomic
     from .kernel import open_inputs, open_pool
     from .replay import (Clients, Window, format_summary, load_requests, load_workload, replay,
                          replay_disaggregated)
@@ -293,6 +319,9 @@ def _cmd_replay(args) -> int:
     run = None
     clients, window = None, Window.parse(args.warmup, args.cooldown)
     source = args.requests or args.workload
+    if args.out:       # checked before the replay runs, never an input's own file
+        atomic.check_target(args.out, argument="--out",
+                            inputs=[source, _bundle_file(args.scenario)])
     if args.compare and not args.requests:
         raise ValueError("--compare needs --requests with a benchmark client's result (a "
                          "workload spec holds no measurements)")
@@ -342,12 +371,11 @@ def _cmd_replay(args) -> int:
     if comparison is not None:
         extra = comparison.per_request.drop(columns=["request_id"])
         table = table.assign(**{c: extra[c].to_numpy() for c in extra.columns})
-    if args.out:
-        out = args.out
-        if str(out).lower().endswith((".parquet", ".pq")):
-            table.to_parquet(out, index=False)
+    if args.out:       # whole or not at all: a failed write keeps the previous file
+        if str(args.out).lower().endswith((".parquet", ".pq")):
+            atomic.write_with(args.out, lambda tmp: table.to_parquet(tmp, index=False))
         else:
-            table.to_csv(out, index=False)
+            atomic.write_with(args.out, lambda tmp: table.to_csv(tmp, index=False))
     from .replay.metrics import Tool
 
     good = None
@@ -366,7 +394,7 @@ def _cmd_replay(args) -> int:
             doc = dict(res.summary)
             if good is not None:
                 doc.update(good_requests=good[0], request_goodput=good[1])
-        print(json.dumps(doc, indent=2, default=float))
+        print(_json(doc, indent=2))
     else:
         print(f"{inputs.scenario.name}: {len(requests)} requests from {source}"
               + (f"; {clients.concurrency} closed-loop clients" if clients and clients.closed
@@ -478,9 +506,20 @@ def _add_plan(sub) -> None:
 def _cmd_plan(args) -> int:
     import os
 
-    from . import search
+    from . import atomic, search
 
     quiet = args.json == "-"
+    # Every output checked before the search (a search can run for minutes).
+    atomic.check_targets({"--csv": args.csv, "--json": None if args.json == "-" else args.json,
+                          "--plot": args.plot})
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            from .validate import ArgumentError
+
+            raise ArgumentError("--plot", "needs matplotlib (pip install "
+                                "'jkernel[notebooks]'); nothing was run")
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     workers = args.workers or max(1, min(4, os.cpu_count() or 1))
     modes = ("colocated", "disaggregated") if args.mode == "both" else (args.mode,)
@@ -492,16 +531,15 @@ def _cmd_plan(args) -> int:
                       ray_address=args.ray, log=log, sla_confidence=args.sla_confidence,
                       sla_draws=args.sla_draws)
     if args.csv:
-        res.table.to_csv(args.csv, index=False)
+        atomic.write_with(args.csv, lambda tmp: res.table.to_csv(tmp, index=False))
     if args.json:
-        text = json.dumps(res.to_json(), indent=2, default=str)
+        text = _json(res.to_json(), indent=2, default=str)
         if args.json == "-":
             print(text)
         else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text)
+            atomic.write_text(args.json, text)
     if args.plot:
-        search.plot_front(res, args.plot)
+        atomic.write_with(args.plot, lambda tmp: search.plot_front(res, str(tmp)))
     if not quiet:
         print(search.format_table(res, every=args.all))
     return 0 if not res.front.empty else 1
@@ -597,14 +635,21 @@ def main(argv: list[str] | None = None) -> int:
     except Refusal as exc:
         print(f"jkernel: refused: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:
+    except ValueError as exc:                          # ArgumentError names the argument
         print(f"jkernel: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:                          # Ctrl-C: workers already stopped
+        print("jkernel: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:            # `jkernel catalog | head`: the reader left early
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:             # a write that failed (full disk …): named, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"jkernel: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":   # python -m jkernel.cli

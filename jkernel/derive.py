@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from jkernel import limits as _limits
 from jkernel.errors import Refusal
 
 __all__ = ["DERIVER_VERSION", "SHIPPED_MODELS", "derive_graph", "derive_file", "write_model",
@@ -110,7 +111,10 @@ class _Cfg:
         v = self.d.get(key)
         return default if v is None else v
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1, what: str = "") -> Any:
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1, what: str = "",
+            limit: str = "MAX_WIDTH") -> Any:
+        """An integer ≥ ``minimum`` and at most the :mod:`jkernel.limits` bound ``limit``
+        (every width ``MAX_WIDTH``; layer counts ``MAX_LAYERS``)."""
         v = self.d.get(key)
         if v is None:
             if default is _MISSING:
@@ -125,6 +129,8 @@ class _Cfg:
         if v < minimum:
             self.refuse(key, f"config field {self.field(key)!r} = {v!r} is below {minimum}; "
                              f"expected {what or 'a positive integer'}")
+        if v > getattr(_limits, limit):
+            self.refuse(key, _limits.beyond(limit, v))
         return v
 
     def int_any(self, keys: Sequence[str], default: Any = _MISSING, *, minimum: int = 1,
@@ -154,7 +160,10 @@ class _Cfg:
             self.refuse(key, f"config field {self.field(key)!r} is not an object")
         return _Cfg(v, f"{self.prefix}{key}.", self.file)
 
-    def list(self, key: str, length: int | None = None) -> list | None:
+    def list(self, key: str, length: int | None = None, items: type | None = None
+             ) -> list | None:
+        """A list (``length`` entries when given; each an ``items``, never a bool, when
+        given: ``str`` for module names, ``int`` for layer indices)."""
         v = self.d.get(key)
         if v is None:
             return None
@@ -163,6 +172,11 @@ class _Cfg:
         if length is not None and len(v) != length:
             self.refuse(key, f"config field {self.field(key)!r} has {len(v)} entries; "
                              f"expected one per layer ({length})")
+        if items is not None:
+            for i, x in enumerate(v):
+                if isinstance(x, bool) or not isinstance(x, items):
+                    self.refuse(key, f"config field {self.field(key)!r}[{i}] = {x!r} is not "
+                                     f"a {'string' if items is str else 'whole number'}")
         return v
 
 
@@ -519,7 +533,7 @@ def _compressed_tensors_dtype(q: _Cfg, gname: str, weights: Mapping) -> str:
 
 
 def _modelopt_dtype(cfg: _Cfg, key: str, algo: Any) -> str:
-    if algo not in _MODELOPT_ALGOS:
+    if not isinstance(algo, str) or algo not in _MODELOPT_ALGOS:
         cfg.refuse(key, f"ModelOpt quant_algo {algo!r} is not understood; expected one of "
                         f"{', '.join(sorted(_MODELOPT_ALGOS))} or MIXED_PRECISION")
     return _MODELOPT_ALGOS[algo]
@@ -529,7 +543,8 @@ def _modelopt_scheme(q: _Cfg, torch_dtype: str) -> _Scheme:
     algo = q.raw("quant_algo")
     if algo is None:
         q.refuse("quant_algo", "ModelOpt quantisation without quant_algo; expected e.g. FP8")
-    ignore = list(q.list("exclude_modules") or []) + list(q.list("ignore") or [])
+    ignore = (list(q.list("exclude_modules", items=str) or [])
+              + list(q.list("ignore", items=str) or []))
     if algo == "MIXED_PRECISION":
         layers = q.sub("quantized_layers")
         if layers is None:
@@ -555,11 +570,11 @@ def _resolve_scheme(c: _Cfg, outer: _Cfg | None, quant_config: Mapping | None,
     if q is not None:
         method = q.raw("quant_method")
         if method == "fp8":
-            ignore = list(q.list("modules_to_not_convert") or []) + \
-                list(q.list("ignored_layers") or [])
+            ignore = list(q.list("modules_to_not_convert", items=str) or []) + \
+                list(q.list("ignored_layers", items=str) or [])
             return _Scheme(base, "fp8", "uniform", default_dtype="fp8", ignore=ignore)
         if method == "mxfp4":
-            ignore = q.list("modules_to_not_convert") or []
+            ignore = q.list("modules_to_not_convert", items=str) or []
             return _Scheme(base, base, "mxfp4", ignore=ignore)
         if method == "compressed-tensors":
             groups_cfg = q.sub("config_groups")
@@ -573,9 +588,9 @@ def _resolve_scheme(c: _Cfg, outer: _Cfg | None, quant_config: Mapping | None,
                 if not isinstance(weights, Mapping):
                     gcfg.refuse("weights", "a compressed-tensors group without a weight scheme "
                                            "is not understood (activation-only quantisation)")
-                targets = gcfg.list("targets") or []
+                targets = gcfg.list("targets", items=str) or []
                 groups.append((targets, _compressed_tensors_dtype(q, gname, weights)))
-            ignore = q.list("ignore") or []
+            ignore = q.list("ignore", items=str) or []
             return _Scheme(base, groups[0][1], "groups", ignore=ignore, groups=groups)
         if method == "modelopt" or (method is None and q.has("quant_algo")):
             # spec silent; vLLM v0.31.0 recognises a ModelOpt checkpoint by quant_algo (the
@@ -611,7 +626,8 @@ class _Plan:
 
 
 def _layers_count(c: _Cfg) -> int:
-    return c.int("num_hidden_layers", what="the decoder layer count (a positive integer)")
+    return c.int("num_hidden_layers", what="the decoder layer count (a positive integer)",
+                 limit="MAX_LAYERS")
 
 
 def _vocab(c: _Cfg) -> int:
@@ -627,7 +643,7 @@ def _mtp_speculator(c: _Cfg, method: str | None, L: int, *, keys=("num_nextn_pre
     key_used = keys[0]
     for key in keys:
         if c.has(key):
-            n = c.int(key, minimum=0)
+            n = c.int(key, minimum=0, limit="MAX_LAYERS")
             key_used = key
             break
     if n <= 0:
@@ -635,7 +651,8 @@ def _mtp_speculator(c: _Cfg, method: str | None, L: int, *, keys=("num_nextn_pre
     if method is None:
         c.refuse(key_used, f"{key_used} = {n} but no MTP speculator method is known for "
                            f"model_type {c.raw('model_type')!r}")
-    repeat = c.int(repeat_key) if repeat_key and c.has(repeat_key) else n
+    repeat = (c.int(repeat_key, limit="MAX_LAYERS") if repeat_key and c.has(repeat_key)
+              else n)
     # The MTP block is one more decoder layer of the main stack's last kind (§6.7 example:
     # deepseek_mtp over attn_moe).
     return {"method": method, "repeat": repeat, "pattern_layers": [L - 1]}
@@ -678,7 +695,7 @@ def _plan_dense_family(c: _Cfg, model_type: str) -> _Plan:
         top_k = c.int("num_experts_per_tok", what="experts per token")
         n = c.int("moe_intermediate_size", what="the per-expert intermediate size")
         step = c.int("decoder_sparse_step", 1)
-        only = set(c.list("mlp_only_layers") or [])
+        only = set(c.list("mlp_only_layers", items=int) or [])
         # spec silent; vLLM v0.31.0 Qwen3MoeDecoderLayer: MoE iff the layer is not in
         # mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
         moe_layers = [(i not in only) and (i + 1) % step == 0 for i in range(L)]
@@ -836,6 +853,9 @@ def _plan_nemotron_h(c: _Cfg) -> _Plan:
         L = len(c.list("layers_block_type"))
     else:
         L = _layers_count(c)
+    if L > _limits.MAX_LAYERS:
+        c.refuse("hybrid_override_pattern" if c.has("hybrid_override_pattern")
+                 else "layers_block_type", f"{L:,} layers: {_limits.beyond('MAX_LAYERS', L)}")
     V = _vocab(c)
     types = _nemotron_types(c, L, "hybrid_override_pattern", "layers_block_type")
     if types is None:
@@ -896,7 +916,7 @@ def _plan_nemotron_h(c: _Cfg) -> _Plan:
                        (f"{pre}.down_proj",)), gated=gated)
     layers = [_Layer(t, [dict(n) for n in kinds[t]]) for t in types]
     spec = None
-    n_mtp = c.int("num_nextn_predict_layers", 0, minimum=0)
+    n_mtp = c.int("num_nextn_predict_layers", 0, minimum=0, limit="MAX_LAYERS")
     if n_mtp > 0:
         if c.has("mtp_hybrid_override_pattern"):
             key = "mtp_hybrid_override_pattern"
@@ -969,7 +989,7 @@ def _plan_qwen_hybrid(c: _Cfg, model_type: str) -> _Plan:
     moe = None
     if experts:
         step = c.int("decoder_sparse_step", 1)
-        only = set(c.list("mlp_only_layers") or [])
+        only = set(c.list("mlp_only_layers", items=int) or [])
         moe_layers = [(i not in only) and (i + 1) % step == 0 for i in range(L)]
         shared_inter = c.int("shared_expert_intermediate_size", 0, minimum=0)
         moe = _Moe(experts=experts, top_k=c.int("num_experts_per_tok"),
@@ -1001,8 +1021,8 @@ def _plan_kimi_linear(c: _Cfg) -> _Plan:
     la = c.sub("linear_attn_config")
     if la is None:
         c.refuse("linear_attn_config", "a kimi_linear config needs linear_attn_config")
-    kda_layers = set(la.list("kda_layers") or [])
-    full_layers = set(la.list("full_attn_layers") or [])
+    kda_layers = set(la.list("kda_layers", items=int) or [])
+    full_layers = set(la.list("full_attn_layers", items=int) or [])
     # spec silent; vLLM v0.31.0 KimiLinearConfig.is_kda_layer: the lists are 1-based.
     types = []
     for i in range(L):
@@ -1164,7 +1184,7 @@ def _plan(c: _Cfg, outer: _Cfg | None) -> tuple[_Plan, str]:
     if model_type is None:
         c.refuse("model_type", "required config field 'model_type' is missing; expected one of "
                                f"{', '.join(sorted(_FAMILIES))}")
-    if model_type not in _FAMILIES:
+    if not isinstance(model_type, str) or model_type not in _FAMILIES:
         c.refuse("model_type", f"model_type {model_type!r} is not understood; expected one of "
                                f"{', '.join(sorted(_FAMILIES))}")
     family, archs = _FAMILIES[model_type]
@@ -1246,10 +1266,48 @@ def _chain_edges(n: int) -> list[list[int]]:
     return [[i, i + 1] for i in range(n - 1)]
 
 
-def _derive(config: Mapping, *, name: str, sha256: str, quant_config: Mapping | None,
-            source_path: str, file: str | None) -> dict:
+#: A catalog model name: one folder name of letters, digits, ``.``, ``_``, ``+`` and ``-``,
+#: starting with a letter or digit (never a path: ``--name ../../x`` would write outside
+#: the models folder).
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+def check_model_name(name: Any) -> str:
+    """``name`` if it is a catalog model name (:data:`MODEL_NAME`), else Refusal R1."""
     if not isinstance(name, str) or not name:
         raise Refusal("R1", "the catalog name must be a non-empty string", field="name")
+    if not MODEL_NAME.match(name) or ".." in name:
+        raise Refusal("R1", f"{name!r} is not a catalog model name: it names the model's "
+                      "folder, so it is one name of letters, digits, '.', '_', '+' and '-' "
+                      "(at most 128, no '..', no '/'), e.g. llama-3.1-8b-instruct",
+                      field="name")
+    return name
+
+
+def check_models_dir(models_dir: Any, name: str, *, argument: str = "models_dir") -> Path:
+    """The folder ``<models_dir>/<name>`` a derived model is written to, checked before
+    anything is derived: ``models_dir`` must be an existing folder and ``<name>`` in it a
+    folder or absent. Raises :class:`~jkernel.ArgumentError` naming ``argument``."""
+    from jkernel.validate import ArgumentError
+
+    if models_dir is None or not str(models_dir).strip():
+        raise ArgumentError(argument, "needs the models folder to write into")
+    root = Path(models_dir)
+    if not root.exists():
+        raise ArgumentError(argument, f"the models folder {root} does not exist; create it "
+                            "first (nothing was derived)")
+    if not root.is_dir():
+        raise ArgumentError(argument, f"{root} is a file, not the models folder to write "
+                            f"<name>/ into")
+    out = root / name
+    if out.exists() and not out.is_dir():
+        raise ArgumentError(argument, f"{out} exists and is not a folder")
+    return out
+
+
+def _derive(config: Mapping, *, name: str, sha256: str, quant_config: Mapping | None,
+            source_path: str, file: str | None) -> dict:
+    check_model_name(name)
     if not (isinstance(sha256, str) and len(sha256) == 64
             and all(ch in "0123456789abcdef" for ch in sha256)):
         raise Refusal("R1", "sha256 must be 64 lowercase hexadecimal digits",
@@ -1342,11 +1400,22 @@ def derive_graph(config: Mapping, *, name: str, sha256: str,
 
 def _read_json(path: Path, what: str) -> tuple[bytes, Any]:
     try:
+        if path.is_dir():
+            raise Refusal("R2", f"the {what} is expected at {path}, which is a directory",
+                          file=str(path))
+        size = path.stat().st_size
+        if size > _limits.MAX_DOCUMENT_BYTES:
+            raise Refusal("R1", f"the {what} is {size:,} bytes: "
+                          + _limits.beyond("MAX_DOCUMENT_BYTES", size), file=str(path))
         data = path.read_bytes()
     except OSError as e:
-        raise Refusal("R2", f"cannot read the {what}: {e}", file=str(path)) from None
+        raise Refusal("R2", f"cannot read the {what}: {e.strerror or e}",
+                      file=str(path)) from None
     try:
         return data, json.loads(data)
+    except RecursionError:
+        raise Refusal("R1", f"the {what} nests too deeply to be a config (more than "
+                      "Python's recursion limit)", file=str(path)) from None
     except ValueError as e:
         raise Refusal("R1", f"the {what} is not valid JSON: {e}", file=str(path)) from None
 
@@ -1401,21 +1470,27 @@ def write_model(config_path: str | Path, name: str, models_dir: str | Path,
     ``derived_from.sha256``); a ModelOpt quant config is copied to ``hf_quant_config.json``.
     Returns the path of ``graph.yaml``.
     """
+    from jkernel import atomic
+
     cpath = Path(config_path)
+    check_model_name(name)
+    out = check_models_dir(models_dir, name)          # before any work: nothing half-made
     graph = derive_file(cpath, name=name, quant_config_path=quant_config_path)
     data, config = _read_json(cpath, "HF config")
-    out = Path(models_dir) / name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_bytes(data)
+    quant = None if quant_config_path is None else \
+        _read_json(Path(quant_config_path), "hf_quant_config.json")[0]
+    out.mkdir(exist_ok=True)
+    # Each file whole or not at all (jkernel.atomic): a failed write keeps the old one.
+    atomic.write_bytes(out / "config.json", data)
     qdst = out / "hf_quant_config.json"
-    if quant_config_path is not None:
-        qdst.write_bytes(Path(quant_config_path).read_bytes())
+    if quant is not None:
+        atomic.write_bytes(qdst, quant)
     elif qdst.exists():
         qdst.unlink()
     gpath = out / "graph.yaml"
-    gpath.write_text("# Derived by jkernel.derive from config.json; regenerate, do not edit.\n"
-                     + _dump(graph), encoding="utf-8")
-    (out / "model.yaml").write_text(_dump(_identity(cpath, config, name)), encoding="utf-8")
+    atomic.write_text(gpath, "# Derived by jkernel.derive from config.json; regenerate, do "
+                      "not edit.\n" + _dump(graph))
+    atomic.write_text(out / "model.yaml", _dump(_identity(cpath, config, name)))
     return gpath
 
 

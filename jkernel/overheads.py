@@ -21,11 +21,21 @@ UNKNOWN_TIER_S = (2 ** 63 - 1) * 1e-9
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one end of a transfer sits."""
+    """Where one end of a transfer sits: ``node`` and ``rack`` indices (whole, ≥ 0) and the
+    ``pool`` (a role or index of the deployment's pools, "" unstated; checked against the
+    deployment by :meth:`jkernel.Kernel.pd_transfer_time`)."""
 
     node: int = 0
     rack: int = 0
     pool: str | int = ""
+
+    def __post_init__(self):
+        from . import validate as _v
+
+        object.__setattr__(self, "node", _v.whole("node", self.node))
+        object.__setattr__(self, "rack", _v.whole("rack", self.rack))
+        if not isinstance(self.pool, str):
+            object.__setattr__(self, "pool", _v.whole("pool", self.pool))
 
 
 def to_s(x):

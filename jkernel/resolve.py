@@ -11,7 +11,8 @@ Everything here runs once per pool, in plain Python, and may raise :class:`Refus
 * :func:`resolve_context_parallel` → :class:`ContextParallel`;
 * :func:`resolve_coefficients` → :class:`Coefficients` (lifted values, the collective keys of
   :func:`collective_keys`, the names the step reads);
-* :func:`resolve_experts`, :func:`build_plan`, :func:`build_params`, :func:`provenance_of`.
+* :func:`resolve_experts`, :func:`build_plan`, :func:`build_params`, :func:`provenance_of`;
+* :func:`settings_of` → :class:`EngineSettings` (what ``Kernel.settings`` returns).
 
 Each stage's assumptions and overrides travel in its record's :class:`Notes`. The result,
 :class:`Resolved`, holds the static :class:`~jkernel.plan.Plan`, the
@@ -41,8 +42,8 @@ from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPl
                    Plan, collectives_needed, plan_layers)
 
 __all__ = ["ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET", "RULES", "Rules", "Inputs",
-           "Override", "CoefficientOrigin", "Resolution", "Resolved", "open_inputs",
-           "resolve"]
+           "Override", "CoefficientOrigin", "Resolution", "EngineSettings", "Links",
+           "Resolved", "open_inputs", "resolve"]
 
 ENGINE_BEHAVIOUR_VERSION = "0.31.0"
 KERNEL_ASSUMPTION_SET = "jkernel"
@@ -123,15 +124,65 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class EngineSettings:
+    """The engine settings one pool runs with, unstated ones resolved as vLLM v0.31.0
+    resolves them (resolution.md §7, §10, §11): ``Kernel.settings``. A scheduler sizes
+    itself from the first group (the replay reads them here, never from the documents);
+    :meth:`as_dict` gives them all as JSON-ready values."""
+
+    # -- what a scheduler sizes itself from --------------------------------------------------
+    block_size: int                 # tokens per KV page
+    max_num_batched_tokens: int     # the token budget of one step
+    max_num_seqs: int               # running requests at most, per replica
+    #: The longest request (prompt + output tokens) the engine serves: the stated one, else
+    #: the length vLLM derives from the model's config.json (0 when neither is known).
+    max_model_len: int
+    enable_prefix_caching: bool
+    async_scheduling: bool
+    #: vLLM classifies a request as a decode up to the uniform decode width (1 + num_spec);
+    #: a backend may raise it (FlashMLA 128), which the caller passes per batch (step.md §1.1).
+    decode_threshold: int
+    engines: int                    # identical engines in the pool
+    engine_gpus: int                # GPUs of one engine (pp · tp · pcp · dp)
+    gpu_memory_utilization: float
+    # -- what the kernel priced and sized with ----------------------------------------------
+    cudagraph_mode: str
+    served_dtype: str
+    cache_layout: str
+    mamba_cache_mode: str           # "" without recurrent layers
+    num_spec_tokens: int
+    state_bytes: float              # recurrent state element bytes
+    nodes_spanned: int
+    moe_group: int
+    dcp_comm_backend: str           # "" without decode context parallelism
+    dcp_interleave: int
+    dcp_shards_all_kv_layers: bool
+    pd_floor_name: str | None       # the PD transfer floor coefficient, None when none applies
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name (plain ints, floats, strings, bools, None)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Links:
+    """The pool's link rates and whether its chips share a rack-wide NVLink domain."""
+
+    nvlink_bytes_per_s: float
+    nic_bytes_per_s: float
+    rack_domain: bool
+
+
+@dataclass(frozen=True)
 class Resolved:
     plan: Plan
     params: Params
     memory: MemoryPlan
     resolution: Resolution
     provenance: tuple[CoefficientOrigin, ...]
-    settings: dict = field(hash=False, compare=False)   # resolved engine settings used
+    settings: EngineSettings = field(hash=False, compare=False)
     inputs: Inputs = field(hash=False, compare=False)
-    links: dict = field(hash=False, compare=False)      # nvlink/nic rates, rack domain
+    links: Links = field(hash=False, compare=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,6 +272,9 @@ def _need(path: Path, what: str, name: str) -> Path:
 
 
 def _pool_index(dep: Deployment, pool: int | str) -> int:
+    from .validate import pool_selector
+
+    pool = pool_selector(pool)
     if isinstance(pool, str) and not pool.isdigit():
         roles = [p.role for p in dep.pools]
         if pool not in roles:
@@ -509,6 +563,8 @@ class EngineDefaults:
     block_size: int
     mamba_cache_mode: str
     gpu_memory_utilization: float
+    enable_prefix_caching: bool
+    async_scheduling: bool
     notes: Notes = Notes()
 
 
@@ -648,6 +704,7 @@ _GRAPH_MODES = {"PIECEWISE": (PIECEWISE, PIECEWISE), "FULL": (FULL, FULL),
 def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> EngineDefaults:
     """Graph modes, scheduler budgets, block size and recurrent cache mode (§7, §10, §11)."""
     rec = _Record()
+    # vLLM v0.31.0 caches prefixes unless enable_prefix_caching is stated false.
     prefix_on = eng.enable_prefix_caching is not False
     mamba_mode = ""
     if facts.has_recurrent:
@@ -709,8 +766,11 @@ def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> Engi
         util = 0.92
         rec.assume("gpu_memory_utilization", 0.92, "vLLM v0.31.0 default")
     _check_budgets(max_tokens, max_seqs, block, mamba_mode, eng, pf)
+    # vLLM v0.31.0 runs asynchronous scheduling unless it is turned off (resolution.md §10).
+    async_on = eng.async_scheduling if eng.async_scheduling is not None else True
     return EngineDefaults(mode_name, decode_mode, other_mode, max_tokens, max_seqs, num_spec,
-                          uniform_width, ceiling, block, mamba_mode, util, rec.notes())
+                          uniform_width, ceiling, block, mamba_mode, util, prefix_on,
+                          async_on, rec.notes())
 
 
 def _check_budgets(max_tokens: int, max_seqs: int, block: int, mamba_mode: str, eng,
@@ -737,14 +797,17 @@ def _check_budgets(max_tokens: int, max_seqs: int, block: int, mamba_mode: str, 
                       field=f"{pf}.engine.max_num_batched_tokens")
 
 
-def _check_max_model_len(stated: int, inputs: Inputs, pf: str) -> None:
-    """A stated max_model_len within the model's positions (R1)."""
+def resolve_max_model_len(stated: int, inputs: Inputs, pf: str) -> int:
+    """The max_model_len the engine serves: the stated one, held within the model's
+    positions (R1), else the length vLLM derives from the model's config.json (0 when the
+    model has none)."""
     # vLLM v0.31.0 ModelConfig: a user max_model_len above the length derived from the model's
     # config is refused unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set (then vLLM only warns),
     # which jkernel honours the same way when the inputs are opened.
+    # vLLM v0.31.0 ModelConfig: an unstated max_model_len is the derived length.
     limit = inputs.model_max_len
     if not stated or not limit or stated <= limit or inputs.allow_long_max_model_len:
-        return
+        return stated or limit
     raise Refusal("R1", f"max_model_len {stated} is greater than the {limit} positions "
                   f"{inputs.model.name} derives from its config.json; vLLM does not start "
                   "(set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to let it, and jkernel, run past the "
@@ -1030,25 +1093,26 @@ def provenance_of(chosen: dict, assumptions: dict[str, str]) -> tuple[Coefficien
 
 
 def settings_of(layout: Layout, dtypes: Dtypes, defaults: EngineDefaults, cp: ContextParallel,
-                coeffs: Coefficients, facts: GraphFacts, pool_gpus: int) -> dict:
+                coeffs: Coefficients, facts: GraphFacts, pool_gpus: int,
+                max_model_len: int) -> EngineSettings:
     """The engine settings the kernel runs with, for ``Kernel.settings``."""
     engine_gpus = layout.pp * layout.tp * layout.pcp * layout.dp
-    return {"block_size": defaults.block_size,
-            "max_num_batched_tokens": defaults.max_num_batched_tokens,
-            "max_num_seqs": defaults.max_num_seqs, "cudagraph_mode": defaults.cudagraph_mode,
-            "gpu_memory_utilization": defaults.gpu_memory_utilization,
-            "served_dtype": dtypes.served, "cache_layout": dtypes.cache_layout,
-            "mamba_cache_mode": defaults.mamba_cache_mode,
-            "num_spec_tokens": defaults.num_spec_tokens,
-            "nodes_spanned": layout.nodes_spanned, "moe_group": layout.moe_group,
-            "dcp_comm_backend": cp.dcp_comm_backend, "dcp_interleave": cp.interleave,
-            "state_bytes": dtypes.state_bytes, "pd_floor_name": coeffs.pd_floor_name,
-            # vLLM classifies a request as a decode up to the uniform decode width
-            # (1 + num_spec); a backend may raise it (FlashMLA 128), which the caller
-            # passes per batch (step.md §1.1).
-            "decode_threshold": defaults.uniform_decode_width,
-            "engine_gpus": engine_gpus, "engines": pool_gpus // engine_gpus,
-            "dcp_shards_all_kv_layers": facts.dcp_shards_all_kv_layers}
+    return EngineSettings(
+        block_size=defaults.block_size,
+        max_num_batched_tokens=defaults.max_num_batched_tokens,
+        max_num_seqs=defaults.max_num_seqs, max_model_len=max_model_len,
+        enable_prefix_caching=defaults.enable_prefix_caching,
+        async_scheduling=defaults.async_scheduling,
+        decode_threshold=defaults.uniform_decode_width,
+        engines=pool_gpus // engine_gpus, engine_gpus=engine_gpus,
+        gpu_memory_utilization=defaults.gpu_memory_utilization,
+        cudagraph_mode=defaults.cudagraph_mode, served_dtype=dtypes.served,
+        cache_layout=dtypes.cache_layout, mamba_cache_mode=defaults.mamba_cache_mode,
+        num_spec_tokens=defaults.num_spec_tokens, state_bytes=dtypes.state_bytes,
+        nodes_spanned=layout.nodes_spanned, moe_group=layout.moe_group,
+        dcp_comm_backend=cp.dcp_comm_backend, dcp_interleave=cp.interleave,
+        dcp_shards_all_kv_layers=facts.dcp_shards_all_kv_layers,
+        pd_floor_name=coeffs.pd_floor_name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1112,7 +1176,7 @@ def _resolve(inputs: Inputs) -> Resolved:
         raise Refusal("R13", f"pp {layout.pp}: pipeline parallelism wider than 1 is not "
                       "priced; use pp 1 (widen tp or dp instead)", field=f"{pf}.parallel.pp")
     defaults = resolve_engine_defaults(eng, chip, facts, pf)
-    _check_max_model_len(eng.max_model_len, inputs, pf)
+    max_model_len = resolve_max_model_len(eng.max_model_len, inputs, pf)
     cp = resolve_context_parallel(eng, dep, layout, facts, defaults, inputs.rules, pf)
     if facts.dsa:
         _check_dsa(facts, chip, eng, defaults.block_size, layout, cp.dcp_comm_backend,
@@ -1146,15 +1210,14 @@ def _resolve(inputs: Inputs) -> Resolved:
     resolution = Resolution(
         tensor_parallel_width=layout.tp, data_parallel_width=layout.dp,
         expert_parallel_width=layout.ep, all_reduce_backend=layout.all_reduce_backend,
-        async_scheduling=eng.async_scheduling if eng.async_scheduling is not None else True,
+        async_scheduling=defaults.async_scheduling,
         cascade_attention=eng.disable_cascade_attn is False,
         sequence_parallel_moe=layout.sp_moe,
         overrides=tuple(o for n in notes for o in n.overrides),
         decode_context_parallel_width=layout.dcp, prefill_context_parallel_width=layout.pcp)
     settings = settings_of(layout, dtypes, defaults, cp, coeffs, facts,
-                           pool.nodes * cl.gpus_per_node)
-    links = {"nvlink_bytes_per_s": layout.nvlink_bytes_per_s,
-             "nic_bytes_per_s": layout.nic_bytes_per_s, "rack_domain": layout.rack_domain}
+                           pool.nodes * cl.gpus_per_node, max_model_len)
+    links = Links(layout.nvlink_bytes_per_s, layout.nic_bytes_per_s, layout.rack_domain)
     return Resolved(plan, params, mem, resolution, provenance_of(chosen, assumptions),
                     settings, inputs, links)
 

@@ -54,6 +54,7 @@ requested load.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -64,8 +65,10 @@ from typing import Any
 import numpy as np
 
 from . import catalog as _catalog
-from . import memory as _memory
+from . import limits as _limits
+from . import validate as _v
 from .errors import Refusal
+from .startup import check_start, request_pages
 
 __all__ = ["Fleet", "Workload", "PoolSpec", "Candidate", "PlanResult", "fleet",
            "enumerate_candidates", "build_pool", "prescreen", "replay_candidate", "workload",
@@ -209,8 +212,13 @@ def fleet(chip: str, gpus: int, gpus_per_node: int = 0, fabric: str = DEFAULT_FA
     from .documents import load_chip
 
     doc = load_chip(_catalog.catalog_root(repos) / "hardware" / f"{chip}.yaml")
+    gpus = _v.whole("gpus", gpus, lo=None, hi=_limits.MAX_DOCUMENT_INTEGER)
+    gpus_per_node = _v.whole("gpus_per_node", gpus_per_node, hi=_limits.MAX_GPUS_PER_NODE,
+                             limit="MAX_GPUS_PER_NODE")
     if gpus < 1:
         raise Refusal("R4", f"--gpus must be ≥ 1, got {gpus}", field="gpus")
+    if gpus > _limits.MAX_PLAN_GPUS:           # before any candidate is enumerated
+        raise Refusal("R4", _limits.beyond("MAX_PLAN_GPUS", gpus), field="gpus")
     # A chip that states its node (GB200 trays of 4) fixes it; HGX-style parts are 8 per node.
     node = doc.gpus_per_node or 8
     if gpus_per_node and doc.gpus_per_node and gpus_per_node > doc.gpus_per_node:
@@ -311,13 +319,20 @@ def enumerate_candidates(model: str, fl: Fleet, *, modes: Sequence[str] = ("colo
     if "colocated" in modes:
         layouts += [(p,) for p in _pool_layouts("colocated", fl.nodes, fl.gpus, facts["moe"],
                                                    tps, dps)]
+    splits = []
     if "disaggregated" in modes and fl.nodes >= 2:
         # documents.md §2: a pool holds whole nodes, so the splits are in nodes.
         for pn in range(1, fl.nodes):
             dn = fl.nodes - pn
-            for pre in _pool_layouts("prefill", pn, pn * gpn, facts["moe"], tps, dps):
-                for dec in _pool_layouts("decode", dn, dn * gpn, facts["moe"], tps, dps):
-                    layouts.append((pre, dec))
+            splits.append((_pool_layouts("prefill", pn, pn * gpn, facts["moe"], tps, dps),
+                           _pool_layouts("decode", dn, dn * gpn, facts["moe"], tps, dps)))
+    # Counted before a candidate is built (MAX_PLAN_CANDIDATES, docs/limits.md).
+    count = (len(layouts) + sum(len(a) * len(b) for a, b in splits)) * len(quants) * len(kvs)
+    if count > _limits.MAX_PLAN_CANDIDATES:
+        raise Refusal("R4", f"{count:,} candidate deployments: "
+                      + _limits.beyond("MAX_PLAN_CANDIDATES", count)
+                      + "; narrow the search (one --mode, fewer GPUs)", field="gpus")
+    layouts += [(pre, dec) for pres, decs in splits for pre in pres for dec in decs]
     return [Candidate(model, fl, pools, q, kv) for pools in layouts for q in quants
             for kv in kvs]
 
@@ -352,9 +367,9 @@ def build_pool(cand: Candidate, index: int, wl: Workload,
     inputs = replace(_base_inputs(cand, repos), scenario=scenario, deployment=deployment,
                      pool_index=index)
     k = new(inputs)
-    # The engine's start-up refusal (jkernel.memory.start_refusal, vLLM v0.31.0), asked of
+    # The engine's start-up refusal (jkernel.startup.start_refusal, vLLM v0.31.0), asked of
     # one request of the workload's length (the planner sizes max_model_len to it).
-    _memory.check_start(k, max_model_len=max(wl.isl + wl.osl, 1), pool=f"pools[{index}]",
+    check_start(k, max_model_len=max(wl.isl + wl.osl, 1), pool=f"pools[{index}]",
                         what="a workload request")
     return k
 
@@ -384,7 +399,7 @@ def _price_rows(k, rows: list[list[tuple[int, int]]]):
     for j, r in enumerate(rows):
         for i, (a, b) in enumerate(r):
             s[j, i], c[j, i] = a, b
-    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings["decode_threshold"])
+    return k.price_many(scheduled=s, computed=c, decode_threshold=k.settings.decode_threshold)
 
 
 def _resource(index: int) -> str:
@@ -406,8 +421,8 @@ def _colocated_screen(k, wl: Workload) -> dict:
     * *chunk*: the decodes beside a full prefill chunk: TTFT ≈ ``ceil(isl / chunk) · t``.
     """
     st = k.settings
-    budget, max_seqs = st["max_num_batched_tokens"], st["max_num_seqs"]
-    per_req = _memory.request_pages(k, wl.isl + wl.osl)
+    budget, max_seqs = st.max_num_batched_tokens, st.max_num_seqs
+    per_req = request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
     b_max = max(1, min(max_seqs, kv_pages // max(per_req, 1), budget - 1, _WIDTH - 1))
     grid = _grid(b_max)
@@ -433,10 +448,10 @@ def _colocated_screen(k, wl: Workload) -> dict:
 
 def _decode_screen(k, wl: Workload) -> dict:
     st = k.settings
-    per_req = _memory.request_pages(k, wl.isl + wl.osl)
+    per_req = request_pages(k, wl.isl + wl.osl)
     kv_pages = k.kv_cache_pages()
-    b_max = max(1, min(st["max_num_seqs"], kv_pages // max(per_req, 1),
-                       st["max_num_batched_tokens"]))
+    b_max = max(1, min(st.max_num_seqs, kv_pages // max(per_req, 1),
+                       st.max_num_batched_tokens))
     grid = _grid(b_max)
     ctx = wl.isl + wl.osl // 2
     est = _price_rows(k, [[(1, ctx)] * int(b) for b in grid])
@@ -448,7 +463,7 @@ def _decode_screen(k, wl: Workload) -> dict:
 
 def _prefill_screen(k, wl: Workload) -> dict:
     """Prefill replica: full steps of ``max_num_batched_tokens`` prompt tokens."""
-    budget = k.settings["max_num_batched_tokens"]
+    budget = k.settings.max_num_batched_tokens
     per_step = max(1, budget // wl.isl)
     if wl.isl <= budget:
         rows = [[(wl.isl, 0)] * per_step, [(wl.isl, 0)]]
@@ -829,8 +844,13 @@ class PlanResult:
 
 
 def _init_worker() -> None:
-    """Worker start: one XLA CPU thread per process (the pool itself is the parallelism)."""
+    """Worker start: one XLA CPU thread per process (the pool itself is the parallelism).
+    Ctrl-C is the parent's to handle: a worker ignores SIGINT (a terminal sends it to the
+    whole process group) and is stopped by the parent (:meth:`_Runner.__exit__`)."""
+    import signal
+
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _screen_task(args):
@@ -841,6 +861,25 @@ def _screen_task(args):
 def _replay_task(args):
     cand, wl, repos, draws = args
     return replay_candidate(cand, wl, repos, draws)
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore SIGINT in this (main) thread while worker processes are spawned: a spawned
+    process inherits the ignored disposition and Python keeps it, so a Ctrl-C that reaches
+    a worker still importing (before :func:`_init_worker` runs) neither kills it nor prints
+    its traceback; the parent stops the workers itself."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _Runner:
@@ -874,9 +913,26 @@ class _Runner:
                                              initializer=_init_worker)
         return self
 
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type, *exc):
+        if self._pool is None:
+            return
+        if exc_type is None:
+            self._pool.shutdown(wait=True)
+            return
+        # Ctrl-C (KeyboardInterrupt) or a failed task: stop at once. Waiting for the running
+        # tasks (shutdown's default) would keep the parent and its workers busy until they
+        # finish; cancel the queued ones, terminate the workers and reap them, so nothing
+        # is left running.
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
 
     def map(self, fn, items: list, progress: Callable[[int, Any], None] | None = None):
         out: list = [None] * len(items)
@@ -895,7 +951,8 @@ class _Runner:
         if self._pool is not None:
             from concurrent.futures import as_completed
 
-            futs = {self._pool.submit(fn, it): i for i, it in enumerate(items)}
+            with _sigint_ignored():        # workers start ignoring Ctrl-C (see below)
+                futs = {self._pool.submit(fn, it): i for i, it in enumerate(items)}
             for f in as_completed(futs):
                 i = futs[f]
                 out[i] = f.result()
@@ -988,6 +1045,15 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
     :class:`~jkernel.Refusal` for an unknown model or chip or a fleet that is not whole
     nodes; every other outcome is in the table."""
     t0 = time.perf_counter()
+    # Types, finiteness and limits first (docs/limits.md); the search's own ranges below.
+    isl, osl = _v.whole("isl", isl, lo=None), _v.whole("osl", osl, lo=None)
+    rate = _v.finite("rate", rate, lo=0.0)
+    concurrency = _v.whole("concurrency", concurrency)
+    ttft_s, itl_s = _v.finite("ttft_s", ttft_s), _v.finite("itl_s", itl_s)
+    requests = _v.whole("requests", requests, hi=_limits.MAX_REQUESTS, limit="MAX_REQUESTS")
+    seed = _v.whole("seed", seed, hi=_limits.MAX_DOCUMENT_INTEGER)
+    replay_top = _v.whole("replay_top", replay_top)
+    workers = _v.whole("workers", workers, lo=1, hi=_limits.MAX_WORKERS, limit="MAX_WORKERS")
     if isl < 1 or osl < 1:
         raise Refusal("R4", f"isl and osl must be ≥ 1 (isl {isl}, osl {osl})", field="isl")
     if (rate > 0) == (concurrency > 0):
@@ -1008,6 +1074,9 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
     if requests <= 0:
         # long enough for a steady state: a minute of arrivals (at least 300 requests)
         requests = int(min(2000, max(300, math.ceil((rate or concurrency / 10.0) * 60))))
+    if requests * osl > _limits.MAX_REPLAY_TOKENS:
+        raise _v.ArgumentError("osl", f"{requests:,} requests of {osl:,} output tokens: "
+                               + _limits.beyond("MAX_REPLAY_TOKENS", requests * osl))
     fl = fleet(chip, gpus, gpus_per_node, fabric, repos)
     wl = Workload(int(isl), int(osl), float(rate), int(concurrency), float(ttft_s),
                   float(itl_s), int(requests), int(seed))

@@ -1,5 +1,6 @@
 """One set of argument checks for every entry point (``Batch``, ``step_time``,
-``price_many``, ``price_sweep``, the methods around a step and the command line).
+``price_many``, ``price_sweep``, the methods around a step, the kernel's own arguments —
+buckets, params, options, pool, Placement —, the replay's kernels and the command line).
 
 Every check raises :class:`ArgumentError` — a ``ValueError`` whose ``argument`` attribute
 names the argument and whose message starts with it — before anything is traced, so a bad
@@ -8,21 +9,23 @@ value never reaches a compiled program and never fails there as a raw ``Overflow
 
 Token counts are whole numbers in ``[0, 2³¹)`` (the programs read them as int32); the step's
 scalars likewise, except ``pad_tokens``, where a negative count means no padding (D27).
+The largest values taken are in :mod:`jkernel.limits` (docs/limits.md).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from numbers import Integral, Real
 
 import numpy as np
 
+from .limits import INT32_MAX
+
 __all__ = ["ArgumentError", "INT32_MAX", "tokens_array", "tokens_matrix", "whole",
-           "step_scalars", "scalar_column", "amount", "positive"]
-
-#: The largest token count the step programs read (int32).
-INT32_MAX = 2 ** 31 - 1
-
+           "step_scalars", "scalar_column", "amount", "positive", "buckets", "bucket_sizes",
+           "PRICE_DTYPES", "price_dtype", "pool_selector", "chunk", "params_values",
+           "placement_pool", "finite", "kernel", "disaggregated_pair", "params_mapping"]
 
 class ArgumentError(ValueError):
     """A bad argument to a jkernel call. ``argument`` names it; ``reason`` says what is
@@ -98,8 +101,10 @@ def tokens_matrix(name: str, values) -> np.ndarray:
     return np.ascontiguousarray(_check_values(name, arr))
 
 
-def whole(name: str, value, *, lo: int | None = 0, hi: int = INT32_MAX) -> int:
-    """One whole number in ``[lo, hi]`` (``lo`` None: no lower bound)."""
+def whole(name: str, value, *, lo: int | None = 0, hi: int = INT32_MAX,
+          limit: str | None = None) -> int:
+    """One whole number in ``[lo, hi]`` (``lo`` None: no lower bound); ``limit`` names the
+    :mod:`jkernel.limits` bound ``hi`` is, for the message."""
     if type(value) is int:
         v = value
     else:
@@ -115,6 +120,9 @@ def whole(name: str, value, *, lo: int | None = 0, hi: int = INT32_MAX) -> int:
     if lo is not None and v < lo:
         raise ArgumentError(name, f"must be ≥ {lo}, got {v}")
     if v > hi or v < -hi:
+        if limit is not None:
+            from .limits import beyond
+            raise ArgumentError(name, beyond(limit, v))
         raise ArgumentError(name, f"must be at most {hi} (int32), got {v}")
     return v
 
@@ -157,3 +165,184 @@ def amount(name: str, value, *, positive_only: bool = False) -> float:
 def positive(name: str, value) -> int:
     """A whole number ≥ 1 (queue depths)."""
     return whole(name, value, lo=1)
+
+
+# -- the kernel's own arguments -------------------------------------------------------------
+
+def buckets(value) -> tuple[int, ...]:
+    """Request-count buckets: a non-empty sequence of whole numbers in
+    ``[1, MAX_BATCH_REQUESTS]``, returned sorted without repeats. A bucket below 1 would pad
+    a batch into no requests at all (``buckets=(-16,)`` once priced a real request as an
+    empty batch)."""
+    from .limits import MAX_BATCH_REQUESTS
+
+    if isinstance(value, (str, bytes)) or value is None or np.ndim(value) != 1:
+        raise ArgumentError("buckets", f"must be a sequence of request counts, e.g. "
+                            f"(16, 64, 256), got {value!r}")
+    out = sorted({whole("buckets", b, lo=1, hi=MAX_BATCH_REQUESTS,
+                           limit="MAX_BATCH_REQUESTS") for b in value})
+    if not out:
+        raise ArgumentError("buckets", "needs at least one request count")
+    return tuple(out)
+
+
+def bucket_sizes(name: str, value) -> list[int]:
+    """Bucket sizes to compile (``warm_up``): whole numbers in ``[1, MAX_BATCH_REQUESTS]``."""
+    from .limits import MAX_BATCH_REQUESTS
+
+    if isinstance(value, (str, bytes)) or np.ndim(value) != 1:
+        raise ArgumentError(name, f"must be a sequence of request counts, got {value!r}")
+    return [whole(name, b, lo=1, hi=MAX_BATCH_REQUESTS, limit="MAX_BATCH_REQUESTS") for b in value]
+
+
+#: The float dtypes a bulk price may be computed in: float16 overflows a step's byte and
+#: FLOP counts (65,504 at most) and an integer dtype cannot hold seconds; both once gave NaN.
+PRICE_DTYPES = ("float32", "float64")
+
+
+def price_dtype(value):
+    """``None`` (the kernel's float64) or a dtype among :data:`PRICE_DTYPES`, as numpy's."""
+    if value is None:
+        return None
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in PRICE_DTYPES:
+        raise ArgumentError("dtype", f"must be None (float64), float32 or float64, got "
+                            f"{value!r}: an integer dtype cannot hold seconds and float16 "
+                            "overflows a step's byte counts")
+    return dt
+
+
+def pool_selector(value) -> int | str:
+    """A pool named by index (a whole number; the deployment checks its range) or role (a
+    non-empty string)."""
+    if isinstance(value, str):
+        if not value:
+            raise ArgumentError("pool", "needs a role (prefill, decode, colocated) or an "
+                                "index, got ''")
+        return value
+    return whole("pool", value, lo=None)
+
+
+def chunk(value) -> int:
+    """Batches per program of the bulk path: whole, ≥ 1."""
+    return whole("chunk", value, lo=1)
+
+
+def _must_be_positive(name: str, chip_names) -> bool:
+    """Parameters the step divides by: zero or negative prices a step at inf or NaN."""
+    return (name in chip_names or name.endswith("_derate")
+            or name.startswith(("gemm_eps_max", "collective_peak_rate")))
+
+
+def _must_not_be_negative(name: str) -> bool:
+    """Parameters that are times (floors, host work): a negative one prices a negative
+    step."""
+    return "floor" in name or name.startswith("host_") or name == "kernel_gap"
+
+
+def params_values(names, flat, chip_names) -> None:
+    """Refuse a parameter set (``flat``: ``(names,)`` or ``(sets, names)``, in ``names``
+    order) holding NaN or an infinity, a chip rate, derate, GEMM efficiency or collective
+    peak rate ≤ 0, or a negative floor or host time: each would price a step as NaN,
+    infinite or negative (a zero ``hbm_bytes_per_s`` once priced NaN). Traced values (inside
+    a JAX transformation) are not checked here."""
+    try:
+        arr = np.asarray(flat, dtype=float)
+    except TypeError:                    # a tracer: checked where the values are concrete
+        return
+    arr = arr.reshape(-1, len(names)) if arr.size else arr.reshape(0, len(names))
+    bad = ~np.isfinite(arr)
+    for j, name in enumerate(names):
+        col = arr[:, j]
+        where = ""
+        if arr.shape[0] > 1:
+            where = " (parameter set {})"
+        if bad[:, j].any():
+            i = int(np.flatnonzero(bad[:, j])[0])
+            raise ArgumentError("params", f"{name} is {col[i]}{where.format(i)}; every "
+                                "parameter must be finite")
+        if _must_be_positive(name, chip_names) and (col <= 0).any():
+            i = int(np.flatnonzero(col <= 0)[0])
+            raise ArgumentError("params", f"{name} is {col[i]:g}{where.format(i)}; it must be "
+                                "> 0 (the step divides by it)")
+        if _must_not_be_negative(name) and (col < 0).any():
+            i = int(np.flatnonzero(col < 0)[0])
+            raise ArgumentError("params", f"{name} is {col[i]:g}{where.format(i)}; it is a "
+                                "time and must be ≥ 0")
+
+
+def params_mapping(value, params_type):
+    """``value`` as ``params_type`` (:class:`jkernel.Params`): a Params as it is, another
+    mapping of names to values converted."""
+    if isinstance(value, params_type):
+        return value
+    if not isinstance(value, Mapping):
+        raise ArgumentError("params", f"must be a jkernel.Params (a mapping of names to "
+                            f"values), not {type(value).__name__}")
+    return params_type(value)
+
+
+def placement_pool(name: str, placement, roles) -> None:
+    """A :class:`~jkernel.Placement`'s ``pool`` is "" (unstated), a role of the deployment
+    or an index of one of its pools."""
+    pool = placement.pool
+    if pool == "":
+        return
+    if isinstance(pool, str):
+        if pool not in roles:
+            raise ArgumentError(f"{name}.pool", f"{pool!r} is not a pool of the deployment; "
+                                f"its pools are {', '.join(roles)} (or an index)")
+    elif not 0 <= pool < len(roles):
+        raise ArgumentError(f"{name}.pool", f"no pool at index {pool}; the deployment has "
+                            f"{len(roles)}")
+
+
+def finite(name: str, value, *, lo: float | None = None, positive: bool = False) -> float:
+    """A finite real (``lo``: lower bound; ``positive``: > 0)."""
+    if isinstance(value, (bool, np.bool_)) or value is None or not isinstance(value, Real):
+        raise ArgumentError(name, f"must be a number, got {value!r}")
+    f = float(value)
+    if not math.isfinite(f):
+        raise ArgumentError(name, f"must be finite, got {value!r}")
+    if positive and not f > 0:
+        raise ArgumentError(name, f"must be > 0, got {value!r}")
+    if lo is not None and f < lo:
+        raise ArgumentError(name, f"must be ≥ {lo:g}, got {value!r}")
+    return f
+
+
+def kernel(name: str, value):
+    """``value`` if it is a :class:`jkernel.Kernel`."""
+    from .kernel import Kernel
+
+    if not isinstance(value, Kernel):
+        raise ArgumentError(name, f"must be a jkernel.Kernel (jkernel.open / open_pool), not "
+                            f"{type(value).__name__}")
+    return value
+
+
+def disaggregated_pair(prefill, decode) -> None:
+    """The two kernels of a disaggregated replay: the prefill pool then the decode pool, of
+    one model (the decode pool reads the KV cache the prefill pool wrote). Swapped pools, a
+    colocated pool, or a 70B prefill pool beside an 8B decode pool are refused."""
+    kernel("prefill_kernel", prefill)
+    kernel("decode_kernel", decode)
+    roles = (prefill.pool().role, decode.pool().role)
+    if roles == ("decode", "prefill"):
+        raise ArgumentError("prefill_kernel", "is the decode pool and decode_kernel the "
+                            "prefill pool: pass the prefill pool first "
+                            "(open_pool(bundle, 'prefill'), open_pool(bundle, 'decode'))")
+    for arg, role, want in (("prefill_kernel", roles[0], "prefill"),
+                            ("decode_kernel", roles[1], "decode")):
+        if role != want:
+            raise ArgumentError(arg, f"is a {role} pool; a disaggregated replay takes the "
+                                f"{want} pool here (open_pool(bundle, {want!r}))")
+    a, b = prefill.inputs, decode.inputs
+    if a.scenario.model != b.scenario.model or a.model != b.model:
+        raise ArgumentError("decode_kernel", f"serves {b.scenario.model} but the prefill pool "
+                            f"serves {a.scenario.model}: the decode pool continues the "
+                            "prefill pool's requests from its KV cache, so both serve one "
+                            "model")

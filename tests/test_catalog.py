@@ -68,7 +68,7 @@ def test_every_scenario_prices_and_sizes(name, capsys):
 def test_open_refuses_a_disaggregated_bundle_naming_open_pool():
     with pytest.raises(jkernel.Refusal, match="open_pool"):
         jkernel.open("llama-3.1-70b-h200-disagg")
-    assert jkernel.open_pool("llama-3.1-70b-h200-disagg", "decode").deployment().role == "decode"
+    assert jkernel.open_pool("llama-3.1-70b-h200-disagg", "decode").pool().role == "decode"
 
 
 def test_cli_price_prints_expected_first(capsys):

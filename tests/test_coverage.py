@@ -272,7 +272,7 @@ def test_new_scenario_opens_and_prices(name, pool):
 
 
 def _overrides(k):
-    return {(o.field, o.requested, o.resolved) for o in k.resolved().overrides}
+    return {(o.field, o.requested, o.resolved) for o in k.resolution().overrides}
 
 
 def test_scenario_features_resolve_as_intended():
@@ -291,12 +291,12 @@ def test_scenario_features_resolve_as_intended():
         assert (k.plan.group(g).stride, k.plan.group(g).crosses) == (8, True)
     assert {(c.op, c.group) for c in k.plan.collective_keys} >= {
         ("all_gather", "DCP"), ("all_reduce", "DCP"), ("all_gather", "PCP")}
-    assert k.settings["cache_layout"] == "fp8_ds_mla"
+    assert k.settings.cache_layout == "fp8_ds_mla"
     k = kernel("deepseek-v3-h200-2node-pcp2")
     assert k.plan.group("PCP").crosses and not k.plan.group("TP").crosses
     assert kernel("qwen3-235b-a22b-h200-tp8-dcp2-a2a").plan.key("alltoall", "DCP") is not None
     k = kernel("nemotron-3-nano-30b-a3b-h100-fp8-tp1-cache-all")
-    assert k.settings["mamba_cache_mode"] == "all" and k.sequence_fixed_bytes() == 0
+    assert k.settings.mamba_cache_mode == "all" and k.sequence_fixed_bytes() == 0
     assert k.plan.collective_keys == ()                   # D33: one GPU, no collective
     k = kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
     assert (k.plan.num_spec, k.plan.uniform_decode_width, k.plan.capture_ceiling) == (1, 2, 512)
@@ -309,7 +309,7 @@ def test_scenario_features_resolve_as_intended():
     k = kernel("deepseek-v3-h200-ep8-eplb")
     assert (k.plan.physical_experts, k.plan.experts_per_rank) == (288, 36)
     k = kernel("minimax-m3-h200-fp8-tp8-ep8")
-    assert (k.plan.ep, k.plan.experts_per_rank, k.settings["served_dtype"]) == (8, 16, "fp8")
+    assert (k.plan.ep, k.plan.experts_per_rank, k.settings.served_dtype) == (8, 16, "fp8")
     g = kernel("deepseek-v3-gb200-2rack-ep144").plan.group("Expert")
     assert (g.width, g.per_node, g.crosses) == (144, 4, True)
 
@@ -788,13 +788,13 @@ def test_disaggregated_pools_on_two_racks():
     rack-wide NVLink domain, at the fabric's rate across racks, never under the (alltoall,
     Expert) floor. tier_time reads host DRAM at the slower of the device and the host link."""
     pre, dec = kernel(DISAGG, 0), kernel(DISAGG, 1)
-    assert (pre.deployment().role, dec.deployment().role) == ("prefill", "decode")
+    assert (pre.pool().role, dec.pool().role) == ("prefill", "decode")
     assert (pre.prefill_context_parallel_width(), pre.plan.ep) == (2, 8)
     assert (dec.plan.ep, dec.plan.group("Expert").crosses) == (72, False)
     kvB = pre.kv_bytes_per_token()
     assert kvB == 656 * 61
     p = pre.params
-    floor = float(p[pre.settings["pd_floor_name"]])
+    floor = float(p[pre.settings.pd_floor_name])
     here, rack0, rack1 = (jkernel.Placement(node=0, rack=0), jkernel.Placement(node=3, rack=0),
                           jkernel.Placement(node=18, rack=1))
     for tokens in (1, 4096, 100000):

@@ -1,13 +1,12 @@
-"""Many devices: price_many and price_sweep split each chunk's batch axis over
-every local device, with results bit-identical to one device; and the persistent
-compilation cache (on by default, moved by JKERNEL_CACHE_DIR, off with 0).
+"""Many devices: price_many and price_sweep split each chunk's batch axis over every local
+device, with results bit-identical to one device (the persistent compilation cache is
+tested in test_runtime.py).
 
 Each test runs jkernel in a fresh subprocess (XLA reads its flags when its backend starts).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -73,25 +72,3 @@ print("ok")
     out = _run(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
                       "JKERNEL_CACHE_DIR": "0"})
     assert out.strip().endswith("ok")
-
-
-def test_compilation_cache_is_used_moved_and_turned_off(tmp_path):
-    code = """
-import json, os, jax, jkernel
-k = jkernel.open("llama-3.1-8b-h100-tp1")
-k.step_time(jkernel.Batch([1], [10]))
-print(json.dumps({"dir": jax.config.jax_compilation_cache_dir}))
-"""
-    cache = tmp_path / "xla"
-    first = json.loads(_run(code, {"JKERNEL_CACHE_DIR": str(cache)}).splitlines()[-1])
-    assert first["dir"] == str(cache)
-    entries = sorted(p.name for p in cache.iterdir())
-    assert entries                                             # the step program was stored
-    _run(code, {"JKERNEL_CACHE_DIR": str(cache)})
-    assert sorted(p.name for p in cache.iterdir()) == entries  # second run: nothing new
-    off = json.loads(_run(code, {"JKERNEL_CACHE_DIR": "0"}).splitlines()[-1])
-    assert off["dir"] is None
-    home = tmp_path / "home"
-    default = json.loads(_run(code, {"HOME": str(home), "XDG_CACHE_HOME": ""}
-                              | {"JKERNEL_CACHE_DIR": ""}).splitlines()[-1])
-    assert default["dir"] == str(home / ".cache" / "jkernel" / "xla")

@@ -479,19 +479,19 @@ def test_simulator_page_names_real_settings_and_methods():
     read exist under those names."""
     text = _simulator()
     k = jkernel.open("qwen3-14b-h100-tp1")
-    keys = set(re.findall(r'settings\["(\w+)"\]', text))
+    keys = set(re.findall(r"\bsettings\.(\w+)", text))
     for m in re.finditer(r"`(?:k|kernel)\.settings`[^(]*\(([^)]*)\)", text):
         keys |= set(re.findall(r"`(\w+)`", m[1]))
     assert {"block_size", "max_num_batched_tokens", "max_num_seqs", "engines",
             "decode_threshold"} <= keys
-    assert keys <= set(k.settings)
+    assert keys <= set(k.settings.as_dict())
     methods = set(re.findall(r"`(?:k|kernel|prefill|jkernel\.Kernel)\.(\w+)\(", text))
     methods |= set(re.findall(r"`(\w+_overhead|tier_time|pd_transfer_time)\(", text))
     methods |= set(re.findall(r"\b(?:k|kernel|prefill)\.(\w+)\(", text))
     assert {"kv_cache_pages", "step_time", "admission_overhead", "pd_transfer_time"} <= methods
     for name in methods:
         assert callable(getattr(k, name, None)), name
-    assert callable(k.resolved().data_parallel)
+    assert callable(k.resolution().data_parallel)
 
 
 def test_simulator_page_speed_run_is_the_8_rps_run():
@@ -654,7 +654,7 @@ def test_api_page_names_and_constants_are_the_programs():
         for name in set(re.findall(rf"`{owner}\.(\w+)`", text)):
             assert hasattr(obj, name), f"{owner}.{name}"
     listed = re.search(r"`k\.settings` \| [^:]*: ([^|]*)\|", text)[1]
-    assert set(re.findall(r"`(\w+)`", listed)) <= set(k.settings)
+    assert set(re.findall(r"`(\w+)`", listed)) <= set(k.settings.as_dict())
     consts = text[text.index("## Constants"):]
     for name, value in re.findall(r"`jkernel\.(\w+) = ([^`]+)`", consts):
         assert getattr(jkernel, name) == eval(value), name

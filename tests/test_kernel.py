@@ -177,23 +177,6 @@ def test_float32_params_price_in_float32():
     assert float(est.no_overlap_s) == pytest.approx(ref.no_overlap_s, rel=1e-5)
 
 
-def test_persistent_compilation_cache_by_option(tmp_path):
-    """JKERNEL_CACHE_DIR turns on JAX's persistent cache: a second process reuses programs."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import jkernel; k = jkernel.open('llama-3.1-8b-h100-tp1'); "
-            "print(k.step_time(jkernel.Batch([1], [10])).no_overlap_s)")
-    env = {**os.environ, "JKERNEL_CACHE_DIR": str(tmp_path / "xla")}
-    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, check=True).stdout
-    assert any((tmp_path / "xla").iterdir())
-    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, check=True).stdout
-    assert first == second
-
-
 def test_price_many_int32_sign_check_names_the_array_in_any_chunk():
     """The sign check of int32 inputs is a lane of the pricing pass (no host pass): a
     negative entry in any chunk, of either array, is refused naming the array and value."""
@@ -245,7 +228,7 @@ def test_split_single_step_prices_as_the_one_program(scenario, split):
         c = rng.integers(0, 30000, n).astype(np.int32)
         got = k.step_time(scheduled=s, computed=c, decode_threshold=1, pad_tokens=3)
         packed = k._pack(None, s, c, 1, 0, 3)
-        want = np.asarray(k._c.one(k._flat, packed))
+        want = np.asarray(k._programs.one(k._flat, packed))
         assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
         assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()
-    assert k._c._split is split
+    assert k._programs._split is split

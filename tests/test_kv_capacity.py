@@ -30,6 +30,7 @@ import pytest
 
 import jkernel
 from jkernel import memory as M
+from jkernel import startup
 from jkernel.documents import parse_bundle
 from jkernel.documents.graph import LATENT_KINDS
 
@@ -224,9 +225,9 @@ def test_budget_uses_the_reported_device_total():
     """Before v0.29 the budget is what CUDA reports (79.2 GiB on an H100), not 80 GiB."""
     row = _rows()[0]
     k = open_row(row)
-    assert M.device_memory_bytes(k._r.memory, k.inputs.chip) == pytest.approx(79.2 * GIB)
+    assert M.device_memory_bytes(k.memory_plan, k.inputs.chip) == pytest.approx(79.2 * GIB)
     spec = open_row(row | {"vllm_version": "0.31.0"})
-    assert M.device_memory_bytes(spec._r.memory, spec.inputs.chip) == 80 * GIB
+    assert M.device_memory_bytes(spec.memory_plan, spec.inputs.chip) == 80 * GIB
 
 
 def test_maximum_concurrency_follows_vllm_groups():
@@ -237,10 +238,10 @@ def test_maximum_concurrency_follows_vllm_groups():
     row = next(r for r in _rows() if r["id"] == "dennislee-gpt-oss-120b-a100-tp4")
     k = open_row(row)
     pages = int(row["reported_kv_tokens"]) // 16
-    assert M.max_concurrency(k._r.memory, pages, 16, 16384) == pytest.approx(284.25, abs=0.005)
+    assert M.max_concurrency(k.memory_plan, pages, 16, 16384) == pytest.approx(284.25, abs=0.005)
     dense = open_row(_rows()[0])
-    assert M.max_concurrency(dense._r.memory, 1000, 128, 16000) == pytest.approx(1000 / 125)
-    assert M.max_concurrency(dense._r.memory, 0, 128, 16000) == 0.0
+    assert M.max_concurrency(dense.memory_plan, 1000, 128, 16000) == pytest.approx(1000 / 125)
+    assert M.max_concurrency(dense.memory_plan, 0, 128, 16000) == 0.0
 
 
 def test_sampler_peak_follows_the_version():
@@ -265,7 +266,7 @@ def test_weights_as_loaded_count_the_gemms_vllm_replicates_on_every_tp_rank():
     row = next(r for r in _rows() if r["id"] == "vllmrecipes-kimi-k2-thinking-h200-tp8")
     replicated = (61 * 2112 * 7168 * 2 + 60 * 384 * 7168 * 2) * (1 - 1 / 8)
     k8 = open_row(row)
-    mem = k8._r.memory
+    mem = k8.memory_plan
     assert abs(M._replicated_extra_bytes(k8.plan.kinds, tp=8) - replicated) < 2 ** 20
     assert k8.fixed_bytes().weights - mem.weights_bytes >= replicated - 2 ** 20
     k1 = open_row(row | {"tp": "1"})
@@ -304,7 +305,7 @@ def test_no_kv_page_left_is_refused_at_open_with_the_engines_reason():
     assert "raise gpu_memory_utilization" in exc.value.reason
     k = jkernel.new(jkernel.open_inputs(doc, repos))
     assert k.kv_cache_pages() == 0
-    assert M.start_refusal(k).code == "FIT"
+    assert startup.start_refusal(k).code == "FIT"
 
 
 def test_a_max_model_len_the_cache_cannot_hold_is_refused_with_the_longest_that_fits():
@@ -321,7 +322,7 @@ def test_a_max_model_len_the_cache_cannot_hold_is_refused_with_the_longest_that_
     assert f"max_model_len {too_long} needs {pages + 1} KV pages" in exc.value.reason
     assert f"only {pages} fit" in exc.value.reason
     assert f"about {pages * block:,} tokens" in exc.value.reason
-    assert M.start_refusal(k, max_model_len=pages * block) is None
+    assert startup.start_refusal(k, max_model_len=pages * block) is None
 
 
 def test_out_of_range_utilization_and_refused_block_size_name_the_setting():
@@ -390,4 +391,4 @@ def test_an_assumed_utilization_is_priced_not_refused():
     k = jkernel.open((sc, dep), jkernel.Repos(catalog=CATALOG, registry=CATALOG))
     assert k.assumption("gpu_memory_utilization") is not None
     assert k.kv_cache_pages() == 0
-    assert M.start_refusal(k).code == "FIT"              # the replay and planner still ask
+    assert startup.start_refusal(k).code == "FIT"              # the replay and planner still ask

@@ -185,7 +185,7 @@ def test_nemotron_structure_and_state():
     page = ((4096 + 2 * 8 * 128) * 3 + 64 * 128 ** 2) * 4
     assert page == 4_268_032
     assert kind(k, "mamba").recurrent.page_bytes == page
-    assert k.settings["mamba_cache_mode"] == "align"
+    assert k.settings.mamba_cache_mode == "align"
     assert k.sequence_fixed_bytes() == 196_329_472 == 23 * page * 2
     spec = kernel(model=NEMOTRON, tp=1,
                   engine={"speculative": {"method": "nemotron_h_mtp", "num_spec_tokens": 1}})

@@ -210,7 +210,7 @@ def test_every_shipped_pool_is_monotone_on_aimed_batches(name, pool, pairs):
     from benchmarks.monotone_check import draw_pairs
 
     k = catalog_kernel(name, pool)
-    budget = int(k.settings.get("max_num_batched_tokens") or 8192)
+    budget = k.settings.max_num_batched_tokens
     bs, bc, ms, mc, thr, _ = draw_pairs(np.random.default_rng(7), FIXED, WIDTH, budget)
     base = [(p[0], p[1]) for p in pairs] + list(zip(bs.tolist(), bc.tolist()))
     more = [(p[2], p[3]) for p in pairs] + list(zip(ms.tolist(), mc.tolist()))

@@ -14,6 +14,7 @@ import jkernel
 from conftest import bundle_with as _bundle_with
 from jkernel import cli
 from jkernel.replay import load_requests, replay, replay_disaggregated
+from jkernel.replay.scheduler import PoolLimits
 from jkernel.replay.sim import step_ticks, ticks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def us(k, prompt, computed):
 @pytest.mark.parametrize("async_", [True, False])
 def test_one_request_is_priced_step_by_step(async_):
     k = qwen() if async_ else qwen(async_scheduling=False)
-    assert k.resolved().async_scheduling is async_
+    assert k.resolution().async_scheduling is async_
     prompt, out = 300, 4
     res = replay(k, table([(7, 0.0, prompt, out)]))
     r = res.requests.iloc[0]
@@ -92,7 +93,7 @@ def test_async_scheduling_admits_a_request_one_step_later():
 
 def test_token_budget_and_max_num_seqs_bound_every_step():
     k = qwen(max_num_seqs=4, max_num_batched_tokens=512)
-    assert k.settings["max_num_seqs"] == 4 and k.settings["max_num_batched_tokens"] == 512
+    assert k.settings.max_num_seqs == 4 and k.settings.max_num_batched_tokens == 512
     res = replay(k, table([(i, 0.0, 300, 8) for i in range(10)]))
     assert res.summary["completed"] == 10
     assert res.steps.requests.max() == 4
@@ -105,7 +106,7 @@ def test_preemption_when_the_cache_is_small(tmp_path):
     util = (base.fixed_bytes().total() + 200.5 * base.page_bytes()) / \
         base.device_memory_bytes()
     # vLLM refuses to start when one max_model_len sequence cannot fit the cache: jkernel.open
-    # refuses the pool (jkernel.memory.start_refusal), and so does the replay of a kernel
+    # refuses the pool (jkernel.startup.start_refusal), and so does the replay of a kernel
     # built by jkernel.new from the same documents.
     doc = bundle_with(tmp_path, gpu_memory_utilization=round(util, 6))
     with pytest.raises(ValueError, match="max_model_len 40960 needs 2560 KV pages.*would not"):
@@ -187,6 +188,38 @@ def test_a_request_longer_than_max_model_len_is_rejected_and_counted():
     assert "max_model_len" in t.reject_reason[1] and "40960" in t.reject_reason[1]
     assert np.isnan(t.ttft_s[1]) and np.isnan(t.e2e_s[1])
     assert res.summary["rejected"] == 1 and res.summary["completed"] == 2
+
+
+def test_the_replay_honours_the_max_model_len_the_kernel_resolved_when_the_bundle_states_none():
+    """With no max_model_len in the bundle, vLLM v0.31.0 serves the length the model's
+    config.json gives and answers 400 to a longer request. The replay read max_model_len from
+    the bundle alone (the kernel's settings never held it), so with none stated it took a
+    request longer than the engine serves and priced it."""
+    k = jkernel.open("llama-3.1-8b-a100-tp1")
+    assert k.inputs.deployment.pools[k.inputs.pool_index].engine.max_model_len == 0
+    limit = k.inputs.model_max_len
+    assert limit == 131072                      # Llama 3.1's max_position_embeddings
+    res = replay(k, table([(0, 0.0, limit - 1, 2), (1, 0.0, 100, 2), (2, 0.0, limit - 2, 2)]))
+    t = res.requests
+    assert list(t.rejected) == [True, False, False]
+    assert t.reject_reason[0] == f"max_model_len: {limit + 1} tokens (prompt + output) > {limit}"
+    assert res.summary["completed"] == 2
+
+
+@pytest.mark.parametrize("stated", [None, False, True])
+def test_the_replay_takes_prefix_caching_from_the_kernels_settings(stated):
+    """Prefix caching is on unless the engine states it off (vLLM v0.31.0); the replay's
+    limits take it, async scheduling and max_model_len from the kernel's resolved settings."""
+    k = qwen() if stated is None else qwen(enable_prefix_caching=stated)
+    assert k.settings.enable_prefix_caching is (stated is not False)
+    lim = PoolLimits(k)
+    assert lim.prefix_caching is k.settings.enable_prefix_caching
+    assert lim.async_scheduling is k.settings.async_scheduling
+    assert lim.max_model_len == k.settings.max_model_len == 40960
+    reqs = table([(0, 0.0, 1000, 2), (1, 5.0, 1000, 2)])
+    reqs["prefix_group"], reqs["prefix_length"] = ["g", "g"], [800, 800]
+    hits = list(replay(k, reqs).requests.cached_tokens)
+    assert hits == ([0, 800] if k.settings.enable_prefix_caching else [0, 0])
 
 
 def test_missing_column_names_the_column_and_the_file(tmp_path):
@@ -307,7 +340,7 @@ def test_parquet_request_file_and_unknown_suffix(tmp_path):
 
 def test_data_parallel_replicas_step_in_lockstep():
     k = jkernel.open("qwen3-30b-a3b-h200-ep")
-    dp = k.resolved().data_parallel()
+    dp = k.resolution().data_parallel()
     assert dp >= 2, f"the shipped scenario qwen3-30b-a3b-h200-ep resolved dp {dp}"
     from jkernel.replay.sim import Pool
 

@@ -104,7 +104,7 @@ def test_sessions_send_each_turn_after_the_previous_and_reuse_its_context():
     reqs = pd.DataFrame(rows, columns=["request_id", "arrival_s", "input_tokens",
                                        "output_tokens", "session_id", "think_s"])
     r = replay(qwen(), reqs).requests.set_index("request_id")
-    block = qwen().settings["block_size"]
+    block = qwen().settings.block_size
     for s in range(4):
         for turn in (1, 2):
             prev, cur = r.loc[f"s{s}t{turn - 1}"], r.loc[f"s{s}t{turn}"]

@@ -193,7 +193,7 @@ def test_pool_prompts_hit_the_prefix_cache_where_they_repeat():
              input_tokens=200, output_tokens=4,
              prefix={"groups": 2, "tokens": 64, "prompts_per_group": 3, "order": "grouped"})
     r = replay(qwen(), load_workload(d).requests).requests
-    block = qwen().settings["block_size"]
+    block = qwen().settings.block_size
     assert r.cached_tokens.iloc[0] == 0
     assert r.cached_tokens.iloc[1] == 64 // block * block       # same group, new prompt
     assert (r.cached_tokens.iloc[6:] == (264 - 1) // block * block).all()  # repeats

@@ -276,7 +276,7 @@ def test_r9_twin_honours_the_stated_interleave():
     k = build(**TINY, tp=2, dcp=2, pd="NixlConnector",
               engine={"block_size": 16, "cp_kv_cache_interleave_size": 32})
     assert k.plan.interleave == 32
-    assert k.resolved().overrides == ()
+    assert k.resolution().overrides == ()
 
 
 def test_r9_rules_of_d16():
@@ -435,22 +435,47 @@ def test_dcp_divisibility_r5():
 def test_engine_defaults_by_chip(chip, tokens, seqs):
     """vectors.md §1.13 [C] / resolution.md §7: unstated scheduler limits take vLLM v0.31.0's
     default for the chip, recorded as assumptions whose scope starts with the value;
-    deployment() still reports them unstated (0)."""
+    pool() still reports them unstated (0)."""
     gpn = 4 if chip.startswith("gb") else 8
     k = build(**TINY, hw=chip, tp=1, gpn=gpn, sets=("spec-vectors", "spec-chips"))
-    assert k.settings["max_num_batched_tokens"] == tokens
-    assert k.settings["max_num_seqs"] == seqs
+    assert k.settings.max_num_batched_tokens == tokens
+    assert k.settings.max_num_seqs == seqs
     assert scope_value(k, "max_num_batched_tokens") == str(tokens)
     assert scope_value(k, "max_num_seqs") == str(seqs)
-    assert k.deployment().engine.max_num_batched_tokens == 0
-    assert k.deployment().engine.max_num_seqs == 0
+    assert k.pool().engine.max_num_batched_tokens == 0
+    assert k.pool().engine.max_num_seqs == 0
 
 
 def test_stated_limits_record_no_assumption():
     k = build(**TINY, tp=1, engine={"max_num_batched_tokens": 4096, "max_num_seqs": 128})
-    assert k.settings["max_num_batched_tokens"] == 4096 and k.settings["max_num_seqs"] == 128
+    assert k.settings.max_num_batched_tokens == 4096 and k.settings.max_num_seqs == 128
     assert k.assumption("max_num_batched_tokens") is None
     assert k.assumption("max_num_seqs") is None
+
+
+def test_engine_settings_are_a_frozen_record_of_what_the_engine_runs_with():
+    """`Kernel.settings` holds every setting a scheduler sizes itself from, resolved: prefix
+    caching and async scheduling on unless stated off (vLLM v0.31.0), max_model_len the
+    stated one, else the length vLLM derives from the model's config.json."""
+    unstated = jkernel.open("llama-3.1-8b-a100-tp1")        # states no max_model_len
+    s = unstated.settings
+    assert isinstance(s, jkernel.EngineSettings)
+    assert s.max_model_len == unstated.inputs.model_max_len == 131072
+    assert (s.enable_prefix_caching, s.async_scheduling) == (True, True)
+    assert s.async_scheduling is unstated.resolution().async_scheduling
+    assert (s.block_size, s.max_num_batched_tokens, s.max_num_seqs) == (16, 2048, 256)
+    assert (s.engines, s.engine_gpus, s.decode_threshold) == (1, 1, 1)
+    assert jkernel.open("llama-3.1-8b-h100-tp1").settings.max_model_len == 8192   # stated
+    off = build(**TINY, tp=1, engine={"enable_prefix_caching": False,
+                                      "async_scheduling": False})
+    assert (off.settings.enable_prefix_caching, off.settings.async_scheduling) == (False, False)
+    assert off.settings.max_model_len == 0            # no config.json, none stated: unknown
+    d = s.as_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert d["max_model_len"] == 131072 and set(d) == {
+        f.name for f in dataclasses.fields(jkernel.EngineSettings)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.block_size = 32
 
 
 # -- capture ceilings (vectors.md §1.10) -------------------------------------------------------
@@ -738,13 +763,13 @@ def test_custom_all_reduce_declined_at_tp_3():
     {2, 4, 6, 8, 16}: override (allreduce_backend, custom → nccl). tp 3 divides
     tiny-llm-48h's heads and snaps to l40s' 4-rank sweeps; tp 4 keeps custom."""
     k = build(model="tiny-llm-48h", hw="l40s", tp=3, gpn=3, sets=("spec-chips",))
-    (o,) = k.resolved().overrides
+    (o,) = k.resolution().overrides
     assert (o.field, o.requested, o.resolved) == ("allreduce_backend", "custom", "nccl")
     assert "3" in o.reason
-    assert k.resolved().all_reduce_backend == "nccl"
+    assert k.resolution().all_reduce_backend == "nccl"
     twin = build(model="tiny-llm-48h", hw="l40s", tp=4, gpn=4, sets=("spec-chips",))
-    assert twin.resolved().all_reduce_backend == "custom"
-    assert twin.resolved().overrides == ()
+    assert twin.resolution().all_reduce_backend == "custom"
+    assert twin.resolution().overrides == ()
 
 
 def test_custom_all_reduce_declined_across_nodes_not_inside_a_rack():
@@ -753,15 +778,15 @@ def test_custom_all_reduce_declined_across_nodes_not_inside_a_rack():
     scope and does not cross (D9)."""
     k = build(**DS, tp=16, nodes=2, fabric="ib-400g",
               sets=("spec-vectors", "spec-h200-16rank"))
-    (o,) = k.resolved().overrides
+    (o,) = k.resolution().overrides
     assert (o.field, o.requested, o.resolved) == ("allreduce_backend", "custom", "nccl")
     assert "node" in o.reason
-    assert k.settings["nodes_spanned"] == 2
+    assert k.settings.nodes_spanned == 2
     assert next(g for g in k.plan.groups if g.name == "TP").crosses
     rack = build(**DS, hw="gb200-nvl72", tp=8, nodes=2, gpn=4, fabric="ib-400g",
                  sets=("spec-chips", "spec-gb200-ar8"))
-    assert rack.resolved().all_reduce_backend == "custom" and rack.resolved().overrides == ()
-    assert rack.settings["nodes_spanned"] == 1
+    assert rack.resolution().all_reduce_backend == "custom" and rack.resolution().overrides == ()
+    assert rack.settings.nodes_spanned == 1
     assert not next(g for g in rack.plan.groups if g.name == "TP").crosses
 
 
@@ -773,8 +798,8 @@ def test_all_reduce_backend_request(engine, backend):
     requested backend is reported without an override (D10)."""
     for tp in (1, 8):
         k = build(**DS, tp=tp, engine=engine)
-        assert k.resolved().all_reduce_backend == backend
-        assert k.resolved().overrides == ()
+        assert k.resolution().all_reduce_backend == backend
+        assert k.resolution().overrides == ()
 
 
 def test_dsa_fp8_cache_repacks_with_override():
@@ -782,11 +807,11 @@ def test_dsa_fp8_cache_repacks_with_override():
     token per layer) with an override on cache_dtype; a stated fp8_ds_mla records none."""
     shipped_model("glm-5")
     k = build(MIX_REPOS, **GLM, engine={"cache_dtype": "fp8"})
-    (o,) = k.resolved().overrides
+    (o,) = k.resolution().overrides
     assert (o.field, o.requested, o.resolved) == ("cache_dtype", "fp8", "fp8_ds_mla")
     assert k.kv_bytes_per_token() == 656 * k.plan.kv_layers
     k2 = build(MIX_REPOS, **GLM, engine={"cache_dtype": "fp8_ds_mla"})
-    assert k2.resolved().overrides == ()
+    assert k2.resolution().overrides == ()
     assert k2.kv_bytes_per_token() == k.kv_bytes_per_token()
 
 
@@ -802,8 +827,8 @@ def test_mamba_cache_mode_resolution(engine, mode, override, assumed):
     """§10: `none` with prefix caching on resolves to `align` with an override; unstated
     takes the default for the prefix-caching setting, recorded as an assumption."""
     k = build(model="nemotron-3.5-lightning-30b-a3b-nvfp4", tp=1, engine=engine)
-    assert k.settings["mamba_cache_mode"] == mode
-    overrides = k.resolved().overrides
+    assert k.settings.mamba_cache_mode == mode
+    overrides = k.resolution().overrides
     if override:
         (o,) = overrides
         assert (o.field, o.requested, o.resolved) == ("mamba_cache_mode", "none", "align")
@@ -815,14 +840,14 @@ def test_mamba_cache_mode_resolution(engine, mode, override, assumed):
 def test_mamba_mode_ignored_without_recurrent_layers():
     """§10: on a model without RecurrentUpdate the stated mode is ignored, nothing recorded."""
     k = build(**TINY, tp=1, engine={"mamba_cache_mode": "none"})
-    assert k.resolved().overrides == () and k.assumption("mamba_cache_mode") is None
+    assert k.resolution().overrides == () and k.assumption("mamba_cache_mode") is None
 
 
 def test_nixl_unstated_interleave_is_the_block_with_override():
     """§8.3: unstated interleave with NixlConnector and block > 1 becomes the block, with an
     override (requested 0, resolved B)."""
     k = build(**TINY, tp=2, dcp=2, pd="NixlConnector", engine={"block_size": 16})
-    (o,) = k.resolved().overrides
+    (o,) = k.resolution().overrides
     assert (o.field, o.requested, o.resolved) == ("cp_kv_cache_interleave_size", 0, 16)
     assert k.plan.interleave == 16
 
@@ -830,12 +855,12 @@ def test_nixl_unstated_interleave_is_the_block_with_override():
 def test_resolution_record():
     """§12.3: widths (each ≥ 1), EP width tp·pcp·dp with EP on (D8) else 1, async default
     true, cascade attention only when disable_cascade_attn is stated false."""
-    r = build(**DS, tp=4, dp=2, ep=True).resolved()
+    r = build(**DS, tp=4, dp=2, ep=True).resolution()
     assert (r.tensor_parallel(), r.data_parallel(), r.expert_parallel()) == (4, 2, 8)
     assert r.async_scheduling is True and r.cascade_attention is False
-    r = build(**DS, engine={"async_scheduling": False, "disable_cascade_attn": False}).resolved()
+    r = build(**DS, engine={"async_scheduling": False, "disable_cascade_attn": False}).resolution()
     assert r.async_scheduling is False and r.cascade_attention is True
-    assert build(**DS, tp=4, dp=2).resolved().expert_parallel() == 1
+    assert build(**DS, tp=4, dp=2).resolution().expert_parallel() == 1
     k = build(**DS, dcp=2)
     assert (k.decode_context_parallel_width(), k.prefill_context_parallel_width()) == (2, 1)
 
@@ -855,8 +880,8 @@ def test_open_pool_by_role_and_index():
     pre = jkernel.open_pool(sc_dep, "prefill", SPEC_REPOS)
     dec = jkernel.open_pool(sc_dep, "decode", SPEC_REPOS)
     assert (pre.plan.tp, dec.plan.tp) == (2, 4)
-    assert pre.deployment().role == "prefill" and dec.deployment().role == "decode"
-    assert pre.settings["max_num_seqs"] == 64
+    assert pre.pool().role == "prefill" and dec.pool().role == "decode"
+    assert pre.settings.max_num_seqs == 64
     assert jkernel.open_pool(sc_dep, 1, SPEC_REPOS).plan.tp == 4
     assert jkernel.open_pool(sc_dep, "0", SPEC_REPOS).plan.tp == 2
     assert jkernel.open_inputs(sc_dep, SPEC_REPOS, "decode").pool_index == 1
@@ -899,7 +924,7 @@ def test_kernel_does_not_change_when_inputs_are_mutated():
     inputs = jkernel.open_inputs(bundle(**DS), SPEC_REPOS)     # its own copy: mutated below
     k = jkernel.new(inputs)
     before = (k.fixed_bytes(), k.kv_cache_pages(), k.tier_time("cpu_dram", "from_tier", 2 ** 30),
-              tuple(k.provenance()), k.inputs.chip, k.deployment())
+              tuple(k.provenance()), k.inputs.chip, k.pool())
     assert k.inputs is not inputs
     inputs.devices["cpu_dram"] = StorageClass("cpu_dram", 1.0, 1.0, 1e6)
     del inputs.devices["nvme_gen4"]
@@ -907,7 +932,7 @@ def test_kernel_does_not_change_when_inputs_are_mutated():
     object.__setattr__(inputs, "coefficient_sets", ())
     object.__setattr__(inputs, "pool_index", 7)
     after = (k.fixed_bytes(), k.kv_cache_pages(), k.tier_time("cpu_dram", "from_tier", 2 ** 30),
-             tuple(k.provenance()), k.inputs.chip, k.deployment())
+             tuple(k.provenance()), k.inputs.chip, k.pool())
     assert after == before
     assert k.tier_time("nvme_gen4", "to_tier", 1e9) == pytest.approx(0.2, rel=1e-12)
 
@@ -927,14 +952,14 @@ def test_refused_construction_leaves_no_state():
     after = jkernel.new(good)
     assert after.fixed_bytes() == before.fixed_bytes()
     assert after.provenance() == before.provenance()
-    assert after.resolved() == before.resolved()
+    assert after.resolution() == before.resolution()
     assert after.plan == before.plan
 
 
 def test_deployment_returns_the_pool_as_stated():
-    """§12.4: `deployment()` is the request, not the resolution: unstated settings stay 0, ""
+    """§12.4: `pool()` is the request, not the resolution: unstated settings stay 0, ""
     or None."""
-    e = build(**TINY, tp=1).deployment().engine
+    e = build(**TINY, tp=1).pool().engine
     assert (e.block_size, e.cudagraph_mode, e.async_scheduling, e.gpu_memory_utilization) == \
         (0, "", None, 0.0)
 
@@ -961,7 +986,7 @@ def test_token_budget_below_max_num_seqs_is_refused():
 def test_unstated_max_num_seqs_is_capped_at_a_small_token_budget():
     """vLLM caps its default max_num_seqs at max_num_batched_tokens, so it starts."""
     k = build(**TINY, tp=1, engine={"max_num_batched_tokens": 64})
-    assert k.settings["max_num_seqs"] == 64
+    assert k.settings.max_num_seqs == 64
     assert "capped at max_num_batched_tokens 64" in k.assumption("max_num_seqs")
 
 
@@ -986,7 +1011,7 @@ def test_token_budget_below_one_block_outside_align_mode_still_builds():
     """Outside align mode vLLM chunks prompts, so a budget below one block runs."""
     k = build(**TINY, tp=1, engine={"block_size": 256, "max_num_batched_tokens": 128,
                                     "max_num_seqs": 128})
-    assert k.settings["block_size"] == 256
+    assert k.settings.block_size == 256
 
 
 @pytest.mark.parametrize("block", [7, 12, 512])

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import jkernel
-from jkernel import memory
-from jkernel import search
+from jkernel import search, startup
 from jkernel.errors import Refusal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +92,7 @@ def test_a_cache_too_small_for_one_request_is_refused():
 def test_fit_check_counts_a_hybrid_models_recurrent_pages():
     """Defect guarded: the planner counted a request's KV pages only, while the replay (and
     memory.md §5) also charge each running sequence's recurrent state against the same
-    pages. Both now read jkernel.memory.request_pages (PoolLimits.request_pages is its cached
+    pages. Both now read jkernel.startup.request_pages (PoolLimits.request_pages is its cached
     form), so a hybrid model's largest screened batch
     is the pages over KV + recurrent pages (Nemotron-3-Nano on one H100 at fp8: 1,998
     recurrent pages per request beside 6,313 KV pages for 101,000 tokens)."""
@@ -109,7 +108,7 @@ def test_fit_check_counts_a_hybrid_models_recurrent_pages():
     need = lim.request_pages(101_000)
     assert need == lim.pages_for(101_000) + lim.fixed_pages
     for tokens in (1, 16, 17, 4097, 101_000):
-        assert memory.request_pages(k, tokens) == lim.request_pages(tokens)
+        assert startup.request_pages(k, tokens) == lim.request_pages(tokens)
     b_max = search.screen_pool(c, 0, wl)["b_max"]
     assert b_max == lim.pages // need < lim.pages // lim.pages_for(101_000)
 
@@ -127,7 +126,7 @@ def test_documents_are_the_engines_own_bundle():
                                          "cache_dtype": "fp8"}
     assert dep["pd_transfer"] == {"connector": "NixlConnector"}
     k = jkernel.open_pool(c.bundle_yaml(4608), "decode")
-    assert k.plan.tp == 8 and k.settings["served_dtype"] == "fp8"
+    assert k.plan.tp == 8 and k.settings.served_dtype == "fp8"
 
 
 # -- the pre-screen's arithmetic (hand-checked) ------------------------------------------

@@ -40,7 +40,7 @@ def test_pool_table_reads_the_kernels(tmp_path):
         b = bundle_with(tmp_path, block_size=block, max_num_seqs=64)
         row = S.pool_table(b).iloc[0]
         (k,) = S.kernels(b)
-        assert row.block_size == k.settings["block_size"] == block
+        assert row.block_size == k.settings.block_size == block
         assert row.max_num_seqs == 64 and row.kv_pages == k.kv_cache_pages()
     pools = S.pool_table(S.DISAGG_BUNDLE)
     assert list(pools.pool) == ["prefill", "decode"]

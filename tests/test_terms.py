@@ -39,7 +39,7 @@ def test_terms_sum_to_the_per_resource_totals(name, spec):
     totals sum the same numbers grouped per layer), and the breakdown's expected column
     sums to expected_s. ``None``: the spec's DeepSeek-V3 kernel; then PCP+DCP, and MTP."""
     k = spec_kernel() if name is None else catalog_kernel(name)
-    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec(spec)))
+    est = k._programs.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec(spec)))
     sums = _resource_sums(est)
     for r in jkernel.RESOURCES:
         assert math.isclose(sums[r], float(est.per_resource_s[r]), rel_tol=1e-12,
@@ -55,7 +55,7 @@ def test_terms_unjitted_equal_jitted():
     k = spec_kernel()
     arrays = k.batch_arrays(jkernel.Batch.from_spec("16x1@3000,1x1024@0"))
     a = k.step_fn(k.params, arrays)
-    b = k._c.jit_step(k.params, arrays)
+    b = k._programs.jit_step(k.params, arrays)
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=0)
 
@@ -83,7 +83,7 @@ def test_estimate_with_terms_vmaps_and_differentiates():
 def test_step_terms_are_named_once():
     """The host has its own named terms; the LM head, the gap and the serial time too."""
     k = spec_kernel()
-    est = k._c.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x1@10")))
+    est = k._programs.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x1@10")))
     assert {"lm head", "host graph replay", "host kernel launches", "kernel gap",
             "host serial"} <= set(est.terms[terms.STEP])
 

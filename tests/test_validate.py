@@ -168,3 +168,157 @@ def test_cli_names_the_argument(flag, capsys):
     assert main(["price", SCENARIO, "--batch", "1x1@10", flag, value]) == 2
     err = capsys.readouterr().err
     assert flag[2:].replace("-", "_") in err and "Traceback" not in err
+
+
+# -- the kernel's own arguments: silent wrong answers and raw tracebacks once seen --------------
+
+@pytest.mark.parametrize("dtype", [np.int32, "int64", np.float16, "banana", object])
+def test_price_many_dtype_that_cannot_hold_seconds_is_refused(k, dtype):
+    """``price_many(dtype=np.int32)`` returned NaN for every batch (float16 too);
+    ``dtype='banana'`` raised a raw TypeError."""
+    b = Batch.from_spec("4x1@100,1x50@0")
+    assert argument_of(lambda: k.price_many([b], dtype=dtype)) == "dtype"
+
+
+@pytest.mark.parametrize("dtype", [None, np.float32, "float64"])
+def test_price_many_float_dtypes_price_finitely(k, dtype):
+    b = Batch.from_spec("4x1@100,1x50@0")
+    got = k.price_many([b], dtype=dtype).expected_s
+    assert np.isfinite(got).all()
+    assert got[0] == pytest.approx(k.step_time(b).expected_s, rel=1e-5)
+
+
+@pytest.mark.parametrize("buckets", [(-16,), (0,), (), "abc", (2.5,), None, (16, "x"),
+                                     (2 ** 40,)])
+def test_bad_buckets_are_refused_when_the_kernel_is_built(buckets):
+    """``buckets=(-16,)`` priced a real request as an empty batch; (), 'abc', (0,) raised
+    IndexError, TypeError or ZeroDivisionError."""
+    assert argument_of(lambda: jkernel.open(SCENARIO, buckets=buckets)) == "buckets"
+
+
+def test_buckets_are_sorted_without_repeats():
+    assert jkernel.open(SCENARIO, buckets=(64, 16, 16)).buckets == (16, 64)
+
+
+@pytest.mark.parametrize("value", [0.0, -1e12, float("nan"), float("inf")])
+def test_hbm_bandwidth_that_prices_nan_or_inf_is_refused(k, value):
+    """A zero HBM bandwidth priced every step NaN, a negative one inf."""
+    bad = k.params.replace(hbm_bytes_per_s=value)
+    assert argument_of(lambda: k.with_params(bad)) == "params"
+    with pytest.raises(ArgumentError, match=r"parameter set 1"):
+        k.price_sweep([k.params, bad], [Batch.from_spec("1x1@10")])
+
+
+@pytest.mark.parametrize("name, value", [("hbm_derate", 0.0), ("peak_flops_per_s", -1.0),
+                                         ("host_serial", -1e-3)])
+def test_params_that_price_a_step_wrong_are_refused(k, name, value):
+    assert name in k.params
+    with pytest.raises(ArgumentError, match=name):
+        k.with_params(k.params.replace(**{name: value}))
+
+
+def test_legitimate_params_still_build(k):
+    same = k.with_params(k.params.scaled(hbm_bytes_per_s=0.5))
+    b = Batch.from_spec("8x1@4000")
+    assert same.step_time(b).per_resource_s["hbm"] > k.step_time(b).per_resource_s["hbm"]
+
+
+def test_with_params_needs_params(k):
+    assert argument_of(lambda: k.with_params({})) == "params"
+    assert argument_of(lambda: k.with_params(None)) == "params"
+    assert argument_of(lambda: k.with_params([1.0])) == "params"
+    same = k.with_params(dict(k.params))              # a plain mapping of the names works
+    b = Batch.from_spec("4x1@100")
+    assert same.step_time(b).expected_s == k.step_time(b).expected_s
+
+
+@pytest.mark.parametrize("rows, argument", [([(1,)], "requests[0]"), ([1], "requests[0]"),
+                                            ("1x1", "requests"), ([(1, 2, 3, 4)],
+                                                                  "requests[0]")])
+def test_batch_of_bad_rows_names_the_row(rows, argument):
+    """``Batch.of([(1,)])`` raised a raw IndexError."""
+    assert argument_of(lambda: Batch.of(rows)) == argument
+
+
+def test_batch_of_pairs_and_requests_still_work():
+    b = Batch.of([(3, 10), jkernel.Request(1, 5), (2, 0, 7)])
+    assert list(b.scheduled) == [3, 1, 2] and list(b.prompt_len) == [13, 6, 7]
+
+
+@pytest.mark.parametrize("buckets", [[-5], [0], [10 ** 12], "16"])
+def test_warm_up_bad_buckets_are_refused(k, buckets):
+    """``warm_up([-5])`` raised 'negative dimensions'; 10¹² tried to allocate 7 TiB."""
+    assert argument_of(lambda: k.warm_up(buckets)) == "buckets"
+
+
+@pytest.mark.parametrize("pool", [None, 1.5, True, "", [0]])
+def test_open_pool_of_no_pool_names_the_argument(pool):
+    """``open_pool(bundle, None)`` raised a raw TypeError from int(None)."""
+    assert argument_of(lambda: jkernel.open_pool(SCENARIO, pool)) == "pool"
+
+
+@pytest.mark.parametrize("kw, argument", [(dict(node=-1), "node"), (dict(node=0.5), "node"),
+                                          (dict(rack=-2), "rack"), (dict(pool=-1), "pool"),
+                                          (dict(node=None), "node")])
+def test_placement_fields_are_checked(kw, argument):
+    """Negative or fractional Placement fields were never checked (and priced)."""
+    assert argument_of(lambda: jkernel.Placement(**kw)) == argument
+
+
+@pytest.mark.parametrize("pool, argument", [("banana", "src.pool"), (7, "src.pool")])
+def test_placement_pool_must_be_a_pool_of_the_deployment(k, pool, argument):
+    src, dst = jkernel.Placement(pool=pool), jkernel.Placement()
+    assert argument_of(lambda: k.pd_transfer_time(100, src, dst)) == argument
+
+
+def test_placement_of_a_known_pool_prices(k):
+    t = k.pd_transfer_time(100, jkernel.Placement(pool="colocated"), jkernel.Placement(pool=0))
+    assert t > 0
+
+
+@pytest.mark.parametrize("chunk", [0, 1.5, "a", None])
+def test_price_many_chunk_is_checked(k, chunk):
+    """chunk=1.5 was truncated to 1 silently; 'a' raised a raw ValueError."""
+    assert argument_of(lambda: k.price_many([Batch([1], [0])], chunk=chunk)) == "chunk"
+
+
+def test_options_and_breakdown_arguments_are_named(k):
+    assert argument_of(lambda: jkernel.open(SCENARIO, options="x")) == "options"
+    assert argument_of(lambda: k.breakdown(None)) == "batch"
+
+
+@pytest.mark.parametrize("flag, value", [("--rate", "inf"), ("--rate", "nan"),
+                                         ("--ttft", "inf"), ("--itl", "nan"),
+                                         ("--workers", "100000"), ("--requests", "-1"),
+                                         ("--requests", str(10 ** 9))])
+def test_plan_arguments_are_refused_before_the_search(capsys, flag, value):
+    """``plan --rate inf`` raised a raw traceback."""
+    args = ["plan", "llama-3.1-8b-instruct", "--chip", "h100", "--gpus", "1", "--isl", "64",
+            "--osl", "4", "--workers", "1"]
+    args += [] if flag == "--rate" else ["--rate", "1"]
+    rc = main(args + [flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "[screen" not in err
+    assert err.startswith(f"jkernel: {flag.lstrip('-').replace('-', '_')}")
+
+
+def test_plan_of_a_billion_gpus_is_refused_at_once(capsys):
+    """``plan --gpus 10⁹`` enumerated without bound (~150 MB/s until killed)."""
+    import time
+
+    t0 = time.perf_counter()
+    rc = main(["plan", "llama-3.1-8b-instruct", "--chip", "h100", "--gpus", str(10 ** 9),
+               "--isl", "64", "--osl", "4", "--rate", "1"])
+    assert rc == 2 and time.perf_counter() - t0 < 30
+    assert "MAX_PLAN_GPUS" in capsys.readouterr().err
+
+
+def test_plan_candidates_are_counted_before_they_are_built(monkeypatch):
+    from jkernel import limits, search
+
+    fl = search.fleet("h200", 64)
+    full = len(search.enumerate_candidates("llama-3.1-8b-instruct", fl))
+    monkeypatch.setattr(limits, "MAX_PLAN_CANDIDATES", full - 1)
+    monkeypatch.setattr(search, "Candidate", lambda *a: pytest.fail("a candidate was built"))
+    with pytest.raises(jkernel.Refusal, match="MAX_PLAN_CANDIDATES"):
+        search.enumerate_candidates("llama-3.1-8b-instruct", fl)

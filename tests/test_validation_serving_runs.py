@@ -52,10 +52,10 @@ def test_every_run_of_the_data_set_has_a_bundle_that_opens():
         assert sc["name"] == dep["name"] == name
         k = S.open_kernel(name)
         assert k.kv_cache_pages() > 0, name
-        assert k.settings["block_size"] == 16
+        assert k.settings.block_size == 16
         eng = dep["pools"][0]["engine"]
-        assert k.settings["max_num_batched_tokens"] == eng["max_num_batched_tokens"], name
-        assert k.settings["max_num_seqs"] == eng["max_num_seqs"], name
+        assert k.settings.max_num_batched_tokens == eng["max_num_batched_tokens"], name
+        assert k.settings.max_num_seqs == eng["max_num_seqs"], name
 
 
 def test_baseline_compares_every_group_as_predicted_over_measured(table):

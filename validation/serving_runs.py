@@ -320,7 +320,7 @@ def replay_run(run: Run, root: str | Path, kernel=None, *, prefix: str = PREFIX_
     from jkernel.replay import replay
 
     k = kernel if kernel is not None else open_kernel(run.scenario)
-    reqs = requests_for(run, prefix=prefix, block=int(k.settings["block_size"]), limit=limit)
+    reqs = requests_for(run, prefix=prefix, block=int(k.settings.block_size), limit=limit)
     res = replay(k, reqs, progress=progress)
     meas = measured(run, root, reqs if run.source != "trainval" else None)
     pred = predicted(run, res.requests)

@@ -44,7 +44,7 @@ def _batch(k, contexts):
     from jkernel import Batch
 
     contexts = np.asarray(contexts, np.int64)
-    return Batch([1] * len(contexts), contexts, decode_threshold=k.settings["decode_threshold"])
+    return Batch([1] * len(contexts), contexts, decode_threshold=k.settings.decode_threshold)
 
 
 def _terms(k, batch) -> pd.Series:
@@ -142,7 +142,7 @@ def workstation(root: str | Path) -> pd.DataFrame:
             alt = k.with_params(k.params.replace(**{n: v for n, v in h100.items()
                                                     if n in k.params}))
             alt_name = "H100's host_serial, host_serial_per_request, compute_derate"
-        dp = int(k.resolved().data_parallel())
+        dp = int(k.resolution().data_parallel())
         ts = pd.read_csv(folder / "timeseries.csv")
         q = pd.read_csv(folder / "requests.csv")
         arrival = q["arrival_time_us"] / 1e6

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .. import limits as _limits
 from ..errors import Refusal
 
 _MISSING = object()
@@ -22,8 +23,8 @@ _MISSING = object()
 
 #: Deepest nesting of mappings and lists a document may have (the catalog's go 8 deep); a
 #: deeper one is refused before it is built (a 5,000-deep document used to raise a raw
-#: RecursionError).
-MAX_DEPTH = 64
+#: RecursionError). The limits live in :mod:`jkernel.limits`.
+MAX_DEPTH = _limits.MAX_YAML_DEPTH
 
 _FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
@@ -71,21 +72,55 @@ class _Loader(_BASE):
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
 
 
-def _check_depth(node) -> None:
-    """Refuse nesting deeper than :data:`MAX_DEPTH` (iteratively: no recursion to blow)."""
-    stack = [(node, 1)]
+class _TooMany(yaml.YAMLError):
+    def __init__(self, mark):
+        self.mark = mark
+
+
+class _Recursive(yaml.YAMLError):
+    def __init__(self, mark):
+        self.mark = mark
+
+
+def _check_shape(root) -> None:
+    """Refuse a composed document nesting deeper than :data:`MAX_DEPTH`, holding more than
+    ``MAX_YAML_NODES`` values once its aliases are expanded, or an alias inside itself.
+
+    One pass over the distinct nodes, iterative (no recursion to blow), each node's height
+    and expanded size computed once: an alias shares its node, so a "billion laughs"
+    document of nine aliases nine times over is refused after visiting a few dozen nodes
+    (a walk of the expanded tree, as this check once was, visits all 10⁹)."""
+    height: dict[int, int] = {}
+    size: dict[int, int] = {}
+    open_: set[int] = set()                      # started, not finished: the current path
+    stack = [(root, False)]
     while stack:
-        n, d = stack.pop()
-        if d > MAX_DEPTH:
-            raise _TooDeep(n.start_mark)
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                if not isinstance(v, yaml.ScalarNode):
-                    stack.append((v, d + 1))
-                if not isinstance(k, yaml.ScalarNode):
-                    stack.append((k, d + 1))
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend((v, d + 1) for v in n.value if not isinstance(v, yaml.ScalarNode))
+        n, finished = stack.pop()
+        if isinstance(n, yaml.ScalarNode):
+            continue
+        i = id(n)
+        kids = ([x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode)
+                else n.value)
+        if finished:
+            open_.discard(i)
+            h = 1 + max((height[id(k)] for k in kids if not isinstance(k, yaml.ScalarNode)),
+                        default=0)
+            total = 1 + sum(1 if isinstance(k, yaml.ScalarNode) else size[id(k)]
+                            for k in kids)
+            if h > MAX_DEPTH:
+                raise _TooDeep(n.start_mark)
+            if total > _limits.MAX_YAML_NODES:
+                raise _TooMany(n.start_mark)
+            height[i], size[i] = h, total
+            continue
+        if i in height:
+            continue
+        if i in open_:
+            raise _Recursive(n.start_mark)
+        open_.add(i)
+        stack.append((n, True))
+        stack.extend((k, False) for k in kids
+                     if not isinstance(k, yaml.ScalarNode) and id(k) not in height)
 
 
 def refuse(reason: str, *, file: str | None, field: str | None, code: str = "R1") -> Refusal:
@@ -104,7 +139,7 @@ def load_yaml_documents(text: str, file: str | None) -> list[Any]:
         docs = []
         while loader.check_node():
             node = loader.get_node()
-            _check_depth(node)
+            _check_shape(node)
             docs.append(loader.construct_document(node))
         return docs
     except _DuplicateKey as exc:
@@ -114,6 +149,14 @@ def load_yaml_documents(text: str, file: str | None) -> list[Any]:
     except _TooDeep as exc:
         raise refuse(f"nesting deeper than {MAX_DEPTH} levels{_where(exc.mark)}; no jkernel "
                      "document nests that deep", file=file, field=None) from None
+    except _TooMany as exc:
+        raise refuse(f"more than {_limits.MAX_YAML_NODES:,} values once its aliases are "
+                     f"expanded{_where(exc.mark)} (MAX_YAML_NODES: a few aliases can stand "
+                     "for billions of values; docs/limits.md)", file=file,
+                     field=None) from None
+    except _Recursive as exc:
+        raise refuse(f"an alias refers to the node that holds it{_where(exc.mark)}: the "
+                     "document would be infinite", file=file, field=None) from None
     except RecursionError:        # composing itself ran out of stack (pure-Python parser)
         raise refuse(f"nesting deeper than {MAX_DEPTH} levels; no jkernel document nests "
                      "that deep", file=file, field=None) from None
@@ -130,8 +173,48 @@ def load_yaml_documents(text: str, file: str | None) -> list[Any]:
 _PARSED: dict[tuple, list[Any]] = {}
 
 
+def read_document_text(path, *, what: str = "document", code_missing: str = "R2",
+                       hint: str = "") -> str:
+    """The text of one document file, refused (naming the file) when it is missing, a
+    directory or not a regular file (code ``code_missing``), unreadable (R2), larger than
+    ``MAX_DOCUMENT_BYTES`` or not UTF-8 text (R1). ``hint`` ends the not-found message."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except (OSError, ValueError):
+        st = None
+    if st is None:
+        raise Refusal(code_missing, f"{what} not found at {p}{hint}", file=str(p))
+    if p.is_dir():
+        raise Refusal(code_missing, f"{what} expected at {p}, which is a directory",
+                      file=str(p))
+    if not p.is_file():
+        raise Refusal(code_missing, f"{what} expected at {p}, which is not a regular file",
+                      file=str(p))
+    if st.st_size > _limits.MAX_DOCUMENT_BYTES:
+        raise Refusal("R1", f"the {what} is {st.st_size:,} bytes: "
+                      + _limits.beyond("MAX_DOCUMENT_BYTES", st.st_size), file=str(p))
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise Refusal("R2", f"cannot read the {what}: {exc.strerror or exc}",
+                      file=str(p)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal("R1", f"the {what} is not UTF-8 text (byte {exc.start} is "
+                      f"{data[exc.start:exc.start + 1]!r}); documents are YAML text",
+                      file=str(p)) from None
+
+
+_PARSED: dict[tuple, list[Any]] = {}
+
+
 def read_yaml_file(path, code_missing: str = "R2", what: str = "document") -> tuple[Any, str]:
-    """Read one single-document YAML file; a missing file is refused with ``code_missing``.
+    """Read one single-document YAML file; a missing file is refused with ``code_missing``
+    (and an unreadable, oversized or binary one as :func:`read_document_text` says).
 
     A file is parsed once per process while it is unchanged (keyed by its path, size and
     modification time): a bundle's pools share their chip, model and coefficient files.
@@ -142,17 +225,17 @@ def read_yaml_file(path, code_missing: str = "R2", what: str = "document") -> tu
     p = Path(path)
     try:
         st = p.stat()
-    except OSError:
+    except (OSError, ValueError):
         st = None
-    if st is None or not p.is_file():
-        raise Refusal(code_missing, f"{what} not found at {p}", file=str(p))
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    docs = _PARSED.get(key)
+    key = None if st is None else (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    docs = _PARSED.get(key) if key is not None else None
     if docs is None:
-        docs = load_yaml_documents(p.read_text(), str(p))
+        docs = load_yaml_documents(read_document_text(p, what=what, code_missing=code_missing),
+                                   str(p))
         if len(_PARSED) > 256:
             _PARSED.clear()
-        _PARSED[key] = docs
+        if key is not None:
+            _PARSED[key] = docs
     if len(docs) != 1:
         raise refuse(f"expected exactly one YAML document, found {len(docs)}", file=str(p),
                      field=None)
@@ -221,7 +304,9 @@ class Reader:
         return v
 
     def int(self, key: str, default: Any = _MISSING, *, required: bool = False,
-            minimum: int | None = None) -> Any:
+            minimum: int | None = None, limit: str = "MAX_DOCUMENT_INTEGER") -> Any:
+        """An integer ≥ ``minimum`` and at most the :mod:`jkernel.limits` bound named
+        ``limit`` (every document integer fits int64)."""
         v = self.raw(key, default, required=required)
         if key not in self.data:
             return v
@@ -229,6 +314,10 @@ class Reader:
             raise self.error(key, f"expected an integer, got {_type_name(v)} {v!r}")
         if minimum is not None and v < minimum:
             raise self.error(key, f"{v} is out of range; allowed: an integer ≥ {minimum}")
+        if v > getattr(_limits, limit):
+            raise self.error(key, _limits.beyond(limit, v))
+        if v < -_limits.MAX_DOCUMENT_INTEGER:
+            raise self.error(key, _limits.beyond("MAX_DOCUMENT_INTEGER", v))
         return v
 
     def num(self, key: str, default: Any = _MISSING, *, required: bool = False,

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from .. import limits as _limits
 from ._strict import Reader, read_yaml_file
 
 __all__ = ["DTYPE_BYTES", "ATTENTION_KINDS", "RECURRENT_KINDS", "EMIT_CONDITIONS", "Node",
@@ -165,7 +166,7 @@ def _parse_node(data: Any, file: str | None, path: str) -> Node:
         elif key in _FLOAT_PARAMS:
             v = r.num(key, None, required=key in required, minimum=0.0)
         else:
-            v = r.int(key, None, required=key in required, minimum=0)
+            v = r.int(key, None, required=key in required, minimum=0, limit="MAX_WIDTH")
         if v is not None:
             values[key] = v
     other = [k for k in r.data if k not in r.used]
@@ -218,9 +219,15 @@ def _parse_stack(r: Reader, declared: set[str], allow: tuple[str, ...]) -> Stack
     for key in ("prologue", "pattern", "epilogue"):
         if key in allow:
             parts[key] = r.str_list(key, ())
-    repeat = r.int("repeat", 0, minimum=1)
+    repeat = r.int("repeat", 0, minimum=1, limit="MAX_LAYERS")
     if parts.get("pattern") and not r.has("repeat"):
         raise r.error("repeat", "required when pattern is present")
+    layers = (len(parts.get("prologue", ())) + len(parts.get("pattern", ())) * repeat
+              + len(parts.get("epilogue", ())))
+    if layers > _limits.MAX_LAYERS:          # counted before the stack is ever expanded
+        raise r.error("repeat" if repeat > 1 else None,
+                      f"the stack has {layers:,} layers: "
+                      + _limits.beyond("MAX_LAYERS", layers))
     for key, ids in parts.items():
         for i, kid in enumerate(ids):
             if kid not in declared:
@@ -281,8 +288,8 @@ def parse_graph(data: Any, file: str | None = None, expected_name: str | None = 
     dver = df.int("deriver_version", required=True, minimum=1)
     df.done()
     g = r.sub("global", required=True)
-    hidden = g.int("hidden_size", required=True, minimum=1)
-    vocab = g.int("vocab_size", required=True, minimum=1)
+    hidden = g.int("hidden_size", required=True, minimum=1, limit="MAX_WIDTH")
+    vocab = g.int("vocab_size", required=True, minimum=1, limit="MAX_WIDTH")
     tie = g.bool("tie_word_embeddings", None)
     wdt = g.str("weight_dtype", required=True)
     _dtype(g, "weight_dtype", wdt)
@@ -290,6 +297,11 @@ def parse_graph(data: Any, file: str | None = None, expected_name: str | None = 
     modality = r.str("modality", "text_only",
                      choices=("text_only", "text_decoder_of_multimodal"))
     kinds_raw = r.list("layer_kinds", required=True, min_len=1)
+    nodes = sum(len(x) for x in [k.get("nodes") for k in kinds_raw if isinstance(k, dict)]
+                + [r.data.get("head")] if isinstance(x, list))
+    if nodes > _limits.MAX_GRAPH_NODES:          # counted before any node is parsed
+        raise r.error("layer_kinds", f"{nodes:,} nodes: "
+                      + _limits.beyond("MAX_GRAPH_NODES", nodes))
     kinds = []
     for i, kd in enumerate(kinds_raw):
         kr = Reader(kd, file, f"layer_kinds[{i}]")
@@ -313,7 +325,7 @@ def parse_graph(data: Any, file: str | None = None, expected_name: str | None = 
     sr = r.sub("speculator")
     if sr is not None:
         method = sr.str("method", required=True)
-        nst = sr.int("num_spec_tokens", required=True, minimum=1)
+        nst = sr.int("num_spec_tokens", required=True, minimum=1, limit="MAX_WIDTH")
         st = _parse_stack(sr.sub("stack", required=True), declared, ("pattern",))
         if not st.pattern:
             raise sr.error("stack", "needs a pattern with repeat ≥ 1")

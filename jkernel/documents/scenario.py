@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Refusal
-from ._strict import Reader, load_yaml_documents
+from .. import limits as _limits
+from ._strict import Reader, load_yaml_documents, read_document_text
 
 __all__ = ["Cluster", "Scenario", "Parallel", "Speculative", "Eplb", "Dbo", "Engine", "Pool",
            "OffloadTier", "Offload", "Deployment", "parse_bundle", "load_bundle"]
@@ -186,11 +187,16 @@ def _parse_scenario(data: Any, file: str | None) -> Scenario:
     cluster = Cluster(
         hardware=c.str("hardware", required=True),
         fabric=c.str("fabric", ""),
-        nodes=c.int("nodes", required=True, minimum=1),
-        gpus_per_node=c.int("gpus_per_node", required=True, minimum=1),
-        gpus_per_rack=c.int("gpus_per_rack", 0, minimum=1),
+        nodes=c.int("nodes", required=True, minimum=1, limit="MAX_CLUSTER_NODES"),
+        gpus_per_node=c.int("gpus_per_node", required=True, minimum=1,
+                            limit="MAX_GPUS_PER_NODE"),
+        gpus_per_rack=c.int("gpus_per_rack", 0, minimum=1, limit="MAX_GPUS_PER_NODE"),
         storage=c.str_list("storage", None),
     )
+    gpus = cluster.nodes * cluster.gpus_per_node
+    if gpus > _limits.MAX_CLUSTER_GPUS:
+        raise c.error("nodes", f"{cluster.nodes} nodes × {cluster.gpus_per_node} GPUs = "
+                      f"{gpus:,} GPUs: " + _limits.beyond("MAX_CLUSTER_GPUS", gpus))
     c.done()
     r.done()
     return Scenario(name, model, coeffs, version, cluster, workload)
@@ -208,9 +214,19 @@ def _parse_engine(r: Reader | None) -> Engine:
     kw["allreduce_backend"] = r.str("allreduce_backend", "", choices=("custom", "nccl"))
     kw["dcp_comm_backend"] = r.str("dcp_comm_backend", "")
     kw["scheduling_policy"] = r.str("scheduling_policy", "", choices=("fcfs", "priority"))
-    for key in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-                "cp_kv_cache_interleave_size"):
-        kw[key] = r.int(key, 0, minimum=0)
+    # Unstated, these read as 0 (documents.md §2.5); a stated 0 is not "unset": vLLM
+    # v0.31.0 takes only positive values for them (block_size is one of BLOCK_SIZES; the
+    # scheduler declares max_num_batched_tokens and max_num_seqs ≥ 1) and a context of 0
+    # tokens serves no request, so the engine would not start.
+    for key in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        kw[key] = r.int(key, 0, minimum=0, limit="INT32_MAX")
+        if r.has(key) and kw[key] == 0:
+            raise r.error(key, f"a stated {key} of 0 is not 'unset': vLLM does not start "
+                          f"with it (it takes a positive {key}); leave the key out for the "
+                          "engine's default")
+    # documents.md §2.5: a cp_kv_cache_interleave_size of 0 means unstated.
+    kw["cp_kv_cache_interleave_size"] = r.int("cp_kv_cache_interleave_size", 0, minimum=0,
+                                              limit="INT32_MAX")
     # vLLM v0.31.0 CacheConfig: gpu_memory_utilization is a fraction in (0, 1] (pydantic
     # gt=0, le=1); a stated 0 stops the engine, so only an absent key means "the default".
     util = kw["gpu_memory_utilization"] = r.num("gpu_memory_utilization", 0.0)
@@ -226,7 +242,8 @@ def _parse_engine(r: Reader | None) -> Engine:
     s = r.sub("speculative")
     if s is not None:
         kw["speculative"] = Speculative(s.str("method", required=True),
-                                        s.int("num_spec_tokens", required=True, minimum=1))
+                                        s.int("num_spec_tokens", required=True, minimum=1,
+                                              limit="MAX_WIDTH"))
         s.done()
     e = r.sub("eplb")
     if e is not None:
@@ -257,14 +274,19 @@ def _parse_deployment(data: Any, file: str | None) -> Deployment:
     for i, p in enumerate(pools_raw):
         pr = Reader(p, file, f"deployment.pools[{i}]")
         role = pr.str("role", required=True, choices=("colocated", "prefill", "decode"))
-        nodes = pr.int("nodes", required=True, minimum=1)
+        nodes = pr.int("nodes", required=True, minimum=1, limit="MAX_CLUSTER_NODES")
         par = pr.sub("parallel", required=True)
-        # tp, dp ≥ 1 are checked by resolution (R5): read them as integers here.
+        # tp, dp ≥ 1 are checked by resolution (R5): read them as integers here. No width
+        # exceeds the largest cluster (the replay builds one scheduler per dp rank).
+        wide = "MAX_CLUSTER_GPUS"
         parallel = Parallel(
-            tp=par.int("tp", required=True), pp=par.int("pp", required=True, minimum=1),
-            dp=par.int("dp", required=True), dp_local=par.int("dp_local", 0, minimum=1),
+            tp=par.int("tp", required=True, limit=wide),
+            pp=par.int("pp", required=True, minimum=1, limit=wide),
+            dp=par.int("dp", required=True, limit="MAX_DATA_PARALLEL"),
+            dp_local=par.int("dp_local", 0, minimum=1, limit=wide),
             enable_expert_parallel=par.bool("enable_expert_parallel", False),
-            pcp=par.int("pcp", 0, minimum=0), dcp=par.int("dcp", 0, minimum=0))
+            pcp=par.int("pcp", 0, minimum=0, limit=wide),
+            dcp=par.int("dcp", 0, minimum=0, limit=wide))
         par.done()
         engine = _parse_engine(pr.sub("engine"))
         pr.done()
@@ -317,8 +339,7 @@ def parse_bundle(source: Any, file: str | None = None) -> tuple[Scenario, Deploy
 
 def load_bundle(path: Path | str) -> tuple[Scenario, Deployment]:
     p = Path(path)
-    if not p.is_file():
-        hint = ("; `jkernel catalog` lists the scenarios of the catalog"
-                if len(p.parts) == 1 and p.suffix not in (".yaml", ".yml") else "")
-        raise Refusal("R2", f"scenario bundle not found at {p}{hint}", file=str(p))
-    return parse_bundle(p.read_text(), str(p))
+    hint = ("; `jkernel catalog` lists the scenarios of the catalog"
+            if len(p.parts) == 1 and p.suffix not in (".yaml", ".yml") else "")
+    text = read_document_text(p, what="scenario bundle", hint=hint)
+    return parse_bundle(text, str(p))

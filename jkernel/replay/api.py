@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .. import validate as _v
+from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
 from .sim import Pool, Simulation, ticks
@@ -153,12 +155,11 @@ def _reject(df: pd.DataFrame, limits: list[PoolLimits]) -> tuple[np.ndarray, lis
 
 
 def _check_start(pool: Pool) -> None:
-    """vLLM's start-up refusal for the pool (:func:`jkernel.memory.check_start`): no KV page
-    left, or a max_model_len the cache cannot hold. Raises :class:`jkernel.Refusal`."""
-    from .. import memory as _memory
-
+    """vLLM's start-up refusal for the pool (:func:`jkernel.startup.check_start`): no KV page
+    left, or a max_model_len (the kernel's resolved one) the cache cannot hold. Raises
+    :class:`jkernel.Refusal`."""
     lim = pool.limits
-    _memory.check_start(pool.kernel, max_model_len=lim.max_model_len or None,
+    check_start(pool.kernel, max_model_len=lim.max_model_len or None,
                         pool=f"pools[{pool.kernel.inputs.pool_index}]")
 
 
@@ -220,13 +221,14 @@ def prepare(pools: list[Pool], requests: pd.DataFrame, clients: Clients | None =
             window: Window | None = None) -> Prepared:
     """Check ``requests`` and the pools' start-up, and refuse what vLLM would refuse
     (:class:`Prepared`); nothing is simulated yet."""
-    source = requests.attrs.get("source", "requests")
+    source = getattr(requests, "attrs", {}).get("source", "requests")
     df = validate_requests(requests, source=source)
     if clients is not None and not isinstance(clients, Clients):
-        raise TypeError(f"clients must be a jkernel.replay.Clients, not "
-                        f"{type(clients).__name__}")
+        raise _v.ArgumentError("clients", f"must be a jkernel.replay.Clients, not "
+                               f"{type(clients).__name__}")
     if window is not None and not isinstance(window, Window):
-        raise TypeError(f"window must be a jkernel.replay.Window, not {type(window).__name__}")
+        raise _v.ArgumentError("window", f"must be a jkernel.replay.Window, not "
+                               f"{type(window).__name__}")
     sessions = sessions_of(df, source)
     rejected, reasons = _reject(df, [p.limits for p in pools])
     for p in pools:
@@ -387,6 +389,7 @@ def replay(kernel, requests: pd.DataFrame, *, progress: bool = False, seed: int 
         (:class:`~jkernel.replay.Window`); None: every request counts.
     """
     del seed
+    _v.kernel("kernel", kernel)
     return _run([Pool(kernel, clock=clock)], requests, progress, clients, window)
 
 
@@ -399,6 +402,7 @@ def replay_disaggregated(prefill_kernel, decode_kernel, requests: pd.DataFrame, 
     transfer is priced on the prefill kernel. Same arguments and result as :func:`replay`.
     """
     del seed
+    _v.disaggregated_pair(prefill_kernel, decode_kernel)
     pre = Pool(prefill_kernel, name="prefill", clock=clock)
     dec = Pool(decode_kernel, name="decode", first_node=pre.nodes, clock=clock)
     return _run([pre, dec], requests, progress, clients, window)

@@ -72,18 +72,18 @@ class PoolLimits:
 
     def __init__(self, kernel):
         s = kernel.settings
-        self.block_size = int(s["block_size"])
-        self.max_num_batched_tokens = int(s["max_num_batched_tokens"])
-        self.max_num_seqs = int(s["max_num_seqs"])
+        self.block_size = s.block_size
+        self.max_num_batched_tokens = s.max_num_batched_tokens
+        self.max_num_seqs = s.max_num_seqs
         self.page_bytes = int(kernel.page_bytes())
         self.pages = int(kernel.kv_cache_pages())          # per rank, per replica
         self.fixed_pages = -(-int(kernel.sequence_fixed_bytes()) // self.page_bytes)
-        eng = kernel.deployment().engine
-        # Prefix caching is on unless stated off (vLLM v0.31.0 default; resolution.md §10).
-        self.prefix_caching = bool(s.get("enable_prefix_caching",
-                                         eng.enable_prefix_caching is not False))
-        self.async_scheduling = bool(kernel.resolved().async_scheduling)
-        self.max_model_len = int(s.get("max_model_len", eng.max_model_len or 0)) or None
+        # As the kernel resolved them (never re-read from the documents): prefix caching
+        # and async scheduling with vLLM v0.31.0's defaults, max_model_len stated or derived
+        # from the model's config.json.
+        self.prefix_caching = s.enable_prefix_caching
+        self.async_scheduling = s.async_scheduling
+        self.max_model_len = s.max_model_len or None
         self.kernel = kernel
         self._pages_for: dict[int, int] = {}
         # For a plain paged KV cache a page holds block_size tokens exactly; then the page
@@ -122,7 +122,7 @@ class PoolLimits:
         (:meth:`pages_for`) plus its recurrent state (``fixed_pages``; 0 unless the model
         has recurrent layers). memory.md §5: each running sequence also holds
         ``sequence_fixed_bytes()``, charged against the same pages. The cached form of
-        :func:`jkernel.memory.request_pages` (a test holds them equal)."""
+        :func:`jkernel.startup.request_pages` (a test holds them equal)."""
         return self.pages_for(tokens) + self.fixed_pages
 
 

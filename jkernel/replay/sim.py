@@ -23,7 +23,7 @@ When a step is scheduled (vLLM v0.31.0's engine core):
   scheduled (its outputs are processed at the end of N). If nothing could be scheduled
   ahead, the engine schedules again at the end of the step.
 
-Engines: a pool holds ``settings["engines"]`` identical engines; a request is routed, when
+Engines: a pool holds ``settings.engines`` identical engines; a request is routed, when
 it becomes ready, to the engine and then the replica with the fewest outstanding requests
 (vLLM's data-parallel coordinator balances by queue length). The replicas of one engine step
 in lockstep, each padded to the busiest one's token count (``pad_tokens``).
@@ -88,18 +88,18 @@ class Pool:
         if clock not in ("expected_s", "no_overlap_s"):
             raise ValueError(f"clock must be 'expected_s' or 'no_overlap_s', not {clock!r}")
         self.kernel = kernel
-        self.name = name or kernel.deployment().role
+        self.name = name or kernel.pool().role
         self.clock = clock
         self.limits = PoolLimits(kernel)
         s = kernel.settings
-        self.decode_threshold = int(s.get("decode_threshold", 1))
-        self.dp = kernel.resolved().data_parallel()
+        self.decode_threshold = s.decode_threshold
+        self.dp = kernel.resolution().data_parallel()
         gpn = kernel.inputs.scenario.cluster.gpus_per_node
-        engine_gpus = int(s.get("engine_gpus", 1))
-        count = max(1, int(s.get("engines", 1)))
+        engine_gpus = s.engine_gpus
+        count = max(1, s.engines)
         self.engines = [Engine(self, e, first_node + e * engine_gpus // gpn)
                         for e in range(count)]
-        self.nodes = kernel.deployment().nodes
+        self.nodes = kernel.pool().nodes
         self.output_token_us = ticks(kernel.output_token_overhead())
         self.completion_us = ticks(kernel.completion_overhead())
         self._admission: dict[int, int] = {}

@@ -28,16 +28,26 @@ and optionally ``prefix_group`` / ``prefix_length`` (requests of one group share
 Bad input never loses data: a missing column is an error naming the column and the file;
 negative, fractional or missing token counts are errors naming the rows; unsorted arrivals
 are sorted (stably, so ties keep the file's order) and the table says so in
-``DataFrame.attrs["sorted"]``.
+``DataFrame.attrs["sorted"]``. Every request reader goes through :func:`validate_requests`,
+which also holds a table to :mod:`jkernel.limits` (rows, output tokens, arrival times) and
+refuses what would be read two ways: ``arrival_s`` beside an ``arrival_time_us`` that
+disagrees, a ``prefix_length`` that is negative or longer than its prompt, a
+``prefix_group`` without its ``prefix_length`` (or the reverse), ``block_hashes`` that are
+not whole numbers or more than the prompt's tokens.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .. import limits as _limits
+from ..validate import ArgumentError
 
 __all__ = ["load_requests", "validate_requests", "REQUIRED"]
 
@@ -46,12 +56,44 @@ REQUIRED = ("request_id", "arrival_s", "input_tokens", "output_tokens")
 
 
 def _read(path: Path) -> pd.DataFrame:
+    """The file as a DataFrame, at most ``MAX_REQUESTS`` rows read (a Parquet file's row
+    count is read from its footer first: a few kilobytes can hold a billion equal rows);
+    every failure to read is a ValueError naming the file."""
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        return pd.read_parquet(path)
-    if suffix in (".csv", ".txt", ""):
-        return pd.read_csv(path)
-    raise ValueError(f"{path}: unknown request file type {suffix!r}; allowed: .csv, .parquet")
+    if suffix not in (".parquet", ".pq", ".csv", ".txt", ""):
+        raise ValueError(f"{path}: unknown request file type {suffix!r}; allowed: .csv, "
+                         ".parquet")
+    parquet = suffix in (".parquet", ".pq")
+    kind = "Parquet" if parquet else "CSV"
+    try:
+        if parquet:
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(path).metadata.num_rows
+            if rows > _limits.MAX_REQUESTS:
+                raise ValueError(f"{path}: {rows:,} requests: "
+                                 + _limits.beyond("MAX_REQUESTS", rows))
+            return pd.read_parquet(path)
+        df = pd.read_csv(path, nrows=_limits.MAX_REQUESTS + 1)
+    except ImportError as exc:
+        raise ValueError(f"{path}: reading Parquet needs pyarrow ({exc})") from None
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: the request file is empty (not even a header row of "
+                         f"columns: {', '.join(REQUIRED)})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a {kind} text file (byte {exc.start} is not UTF-8)"
+                         ) from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the request file: "
+                         f"{exc.strerror or exc}") from None
+    except ValueError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: not a readable {kind} request file: {exc}") from None
+    if len(df) > _limits.MAX_REQUESTS:
+        raise ValueError(f"{path}: more than {_limits.MAX_REQUESTS:,} requests: "
+                         + _limits.beyond("MAX_REQUESTS", len(df)))
+    return df
 
 
 def _rows(mask: np.ndarray, limit: int = 5) -> str:
@@ -76,7 +118,117 @@ def _tokens(df: pd.DataFrame, col: str, where: str) -> np.ndarray:
     if low.any():
         raise ValueError(f"{where}: column {col!r} must be ≥ 1 token; {_rows(low)} are not "
                          f"(e.g. {int(raw[low][0])})")
+    high = raw > _limits.INT32_MAX
+    if high.any():
+        raise ValueError(f"{where}: column {col!r} at {_rows(high)}: "
+                         + _limits.beyond("INT32_MAX", int(raw[high][0])))
     return raw.astype(np.int64)
+
+
+def _arrivals(df: pd.DataFrame, source: str) -> np.ndarray:
+    """``arrival_s`` (from ``arrival_time_us`` when only that is given), refusing both
+    given and disagreeing by more than a microsecond: one would silently win."""
+    us = None
+    if "arrival_time_us" in df.columns:
+        us = pd.to_numeric(df["arrival_time_us"], errors="coerce").to_numpy(dtype=float)
+    if "arrival_s" not in df.columns:
+        return us / 1e6
+    arrival = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=float)
+    if us is not None:
+        with np.errstate(invalid="ignore"):
+            differ = ~(np.abs(arrival - us / 1e6) <= 1e-6)
+        differ &= np.isfinite(arrival) | np.isfinite(us)
+        if differ.any():
+            i = int(np.flatnonzero(differ)[0])
+            raise ValueError(f"{source}: columns 'arrival_s' and 'arrival_time_us' disagree "
+                             f"at {_rows(differ)} (e.g. {arrival[i]:g} s against "
+                             f"{us[i]:g} µs); give one of them, or the same time in both")
+    return arrival
+
+
+def _prefix_columns(df: pd.DataFrame, source: str) -> None:
+    """``prefix_group`` / ``prefix_length``: both or neither; a length a whole number in
+    ``[0, input_tokens]`` wherever a group is named."""
+    has_group, has_len = "prefix_group" in df.columns, "prefix_length" in df.columns
+    if has_group != has_len:
+        given, needed = (("prefix_group", "prefix_length") if has_group
+                         else ("prefix_length", "prefix_group"))
+        raise ValueError(f"{source}: column {given!r} needs column {needed!r} (requests of "
+                         "one prefix_group share their first prefix_length prompt tokens)")
+    if not has_group:
+        return
+    group = df["prefix_group"]
+    named = ~(group.isna() | (group.astype(str) == "")).to_numpy()
+    length = pd.to_numeric(df["prefix_length"], errors="coerce").to_numpy(dtype=float)
+    where = f"{source}: column 'prefix_length'"
+    bad = named & ~np.isfinite(length)
+    if bad.any():
+        raise ValueError(f"{where} is missing or not a number at {_rows(bad)}, where a "
+                         "prefix_group is named")
+    with np.errstate(invalid="ignore"):
+        frac = np.isfinite(length) & (length != np.round(length))
+        neg = length < 0
+        over = named & (length > df["input_tokens"].to_numpy())
+    if frac.any():
+        raise ValueError(f"{where} must hold whole token counts; {_rows(frac)} do not")
+    if neg.any():
+        raise ValueError(f"{where} must be ≥ 0; it is negative at {_rows(neg)} "
+                         f"(e.g. {length[neg][0]:g})")
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise ValueError(f"{where} exceeds the prompt (input_tokens) at {_rows(over)} "
+                         f"(e.g. {length[i]:g} > {int(df['input_tokens'].iloc[i])}): a "
+                         "shared prefix is part of the prompt")
+
+
+def _shared_prefix_tokens(df: pd.DataFrame) -> int:
+    """Tokens of the shared prefixes the replay hashes block by block (validated columns)."""
+    if "prefix_group" not in df.columns:
+        return 0
+    group = df["prefix_group"]
+    named = ~(group.isna() | (group.astype(str) == "")).to_numpy()
+    length = pd.to_numeric(df["prefix_length"], errors="coerce").to_numpy(dtype=float)
+    return int(np.nansum(np.where(named, length, 0.0)))
+
+
+def _hash_count(v) -> int | None:
+    """How many whole-number hashes ``v`` holds (a space-separated string or a sequence),
+    or None when it holds anything else."""
+    if isinstance(v, str):
+        items = v.split()
+    elif isinstance(v, (list, tuple, np.ndarray, pd.Series)):
+        items = list(v)
+    else:
+        return None
+    for x in items:
+        if isinstance(x, str):
+            try:
+                int(x)
+            except ValueError:
+                return None
+        elif isinstance(x, (bool, np.bool_)) or not isinstance(x, Real) \
+                or not math.isfinite(x) or x != math.floor(x):
+            return None
+    return len(items)
+
+
+def _block_hashes(df: pd.DataFrame, source: str) -> None:
+    """``block_hashes``: per request, whole numbers (a space-separated string or a
+    sequence), at most one per prompt token; empty or missing means none."""
+    if "block_hashes" not in df.columns:
+        return
+    where = f"{source}: column 'block_hashes'"
+    prompts = df["input_tokens"].to_numpy()
+    for i, v in enumerate(df["block_hashes"]):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        count = _hash_count(v)
+        if count is None:
+            raise ValueError(f"{where} at row {i}: {v!r} is not a list of whole numbers (one "
+                             "hash per full prompt block, space-separated)")
+        if count > prompts[i]:
+            raise ValueError(f"{where} at row {i}: {count} hashes for a {prompts[i]}-token "
+                             "prompt; there is one per full prompt block")
 
 
 def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataFrame:
@@ -85,10 +237,14 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
     ``source`` names the table in errors (the file path when loaded from a file).
     """
     if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"requests must be a pandas DataFrame, not {type(df).__name__}")
+        raise ArgumentError("requests", f"must be a pandas DataFrame (jkernel.replay."
+                            f"load_requests reads a file into one), not {type(df).__name__}")
+    if len(df) > _limits.MAX_REQUESTS:
+        raise ValueError(f"{source}: {len(df):,} requests: "
+                         + _limits.beyond("MAX_REQUESTS", len(df)))
     df = df.copy()
-    if "arrival_s" not in df.columns and "arrival_time_us" in df.columns:
-        df["arrival_s"] = pd.to_numeric(df["arrival_time_us"], errors="coerce") / 1e6
+    if "arrival_s" in df.columns or "arrival_time_us" in df.columns:
+        df["arrival_s"] = _arrivals(df, source)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         hint = " (or arrival_time_us)" if "arrival_s" in missing else ""
@@ -109,9 +265,19 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
     if (arrival < 0).any():
         raise ValueError(f"{source}: column 'arrival_s' must be ≥ 0; {_rows(arrival < 0)} "
                          "are negative")
+    late = arrival > _limits.MAX_ARRIVAL_S
+    if late.any():
+        raise ValueError(f"{source}: column 'arrival_s' at {_rows(late)}: "
+                         + _limits.beyond("MAX_ARRIVAL_S", float(arrival[late][0])))
     df["arrival_s"] = arrival
     df["input_tokens"] = _tokens(df, "input_tokens", source)
     df["output_tokens"] = _tokens(df, "output_tokens", source)
+    _prefix_columns(df, source)
+    _block_hashes(df, source)
+    total = int(df["output_tokens"].sum()) + _shared_prefix_tokens(df)
+    if total > _limits.MAX_REPLAY_TOKENS:
+        raise ValueError(f"{source}: {total:,} output and shared-prefix tokens in all: "
+                         + _limits.beyond("MAX_REPLAY_TOKENS", total))
     was_sorted = bool(np.all(np.diff(arrival) >= 0))
     if not was_sorted:
         df = df.sort_values("arrival_s", kind="stable")
@@ -165,9 +331,14 @@ def load_requests(path: str | os.PathLike | pd.DataFrame) -> pd.DataFrame:
     """
     if isinstance(path, pd.DataFrame):
         return validate_requests(path)
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ArgumentError("path", f"must be a request file path or a DataFrame, got "
+                            f"{path!r}")
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{p}: no such request file")
+    if p.is_dir():
+        raise ValueError(f"{p}: is a directory; name a request file (CSV or Parquet)")
     df = _read(p)
     if "send_time_us" in df.columns and "arrival_s" not in df.columns:
         df = _from_client_trace(df, str(p))

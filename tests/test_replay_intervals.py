@@ -102,25 +102,24 @@ def test_workload_seeds_are_a_source_of_their_own(kernel):
     assert not res.notes
 
 
-class _Truth:
-    """A kernel whose every step costs ``factor`` times its price times a per-step
-    log-normal jitter, with ``front_s`` before each request: the ground truth of a
-    synthetic run, replayed by the plain replay (not the lockstep)."""
+def _truth(kernel, factor: float, jitter: float, front_s: float, seed: int):
+    """A copy of ``kernel`` whose every step costs ``factor`` times its price times a
+    per-step log-normal jitter, with ``front_s`` before each request: the ground truth of
+    a synthetic run, replayed by the plain replay (not the lockstep)."""
+    import copy
 
-    def __init__(self, kernel, factor: float, jitter: float, front_s: float, seed: int):
-        self._k, self._f, self._j, self._front = kernel, factor, jitter, front_s
-        self._rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)
+    step, admit = kernel.step_time, kernel.admission_overhead
+    truth = copy.copy(kernel)
 
-    def __getattr__(self, name):
-        return getattr(self._k, name)
-
-    def step_time(self, **kw):
-        est = self._k.step_time(**kw)
-        m = self._f * math.exp(self._j * self._rng.standard_normal())
+    def step_time(*args, **kw):
+        est = step(*args, **kw)
+        m = factor * math.exp(jitter * rng.standard_normal())
         return est._replace(expected_s=est.expected_s * m, no_overlap_s=est.no_overlap_s * m)
 
-    def admission_overhead(self, prompt):
-        return max(0.0, self._k.admission_overhead(prompt) + self._front)
+    truth.step_time = step_time
+    truth.admission_overhead = lambda prompt: max(0.0, admit(prompt) + front_s)
+    return truth
 
 
 def test_synthetic_runs_with_known_constants_and_noise_are_covered_at_the_stated_rate(kernel):
@@ -139,7 +138,7 @@ def test_synthetic_runs_with_known_constants_and_noise_are_covered_at_the_stated
         d = post.log_scales(1, rng)[0]
         params = kernel.params.replace(**{n: float(kernel.params[n]) * math.exp(x)
                                           for n, x in zip(post.names, d)})
-        truth = _Truth(kernel.with_params(params), math.exp(0.08 * rng.standard_normal()),
+        truth = _truth(kernel.with_params(params), math.exp(0.08 * rng.standard_normal()),
                        0.03, 0.004 + 0.002 * rng.standard_normal(), seed=i)
         truths.append(replay(truth, reqs).summary)
     for level in (0.5, 0.8):

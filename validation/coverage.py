@@ -104,7 +104,7 @@ def evaluate_run(kind: str, run, *, root: Path, error_model, draws: int, seeds: 
         label, source, group_names = name, "residency-vllm", {"all": "all"}
     else:
         k = S.open_kernel(run.scenario)
-        block = int(k.settings["block_size"])
+        block = int(k.settings.block_size)
         if run.source == "trainval":
             spec = read_spec(SPECS / f"{run.run}.yaml")
             res = replay_intervals(k, workload=spec, draws=draws, seeds=seeds,

@@ -87,14 +87,14 @@ def operating_point_step(kernel, *, concurrency: float, rate: float, prompt: flo
     n = max(1, int(round(concurrency / reps)))
     lam = rate / reps
     ctx = (prompt + (np.arange(n) + 0.5) / n * output).astype(np.int64)
-    thr = int(kernel.settings["decode_threshold"])
+    thr = int(kernel.settings.decode_threshold)
 
     def price(sched, comp) -> float:
         return float(kernel.step_time(scheduled=np.array(sched, np.int32),
                                       computed=np.array(comp, np.int32),
                                       decode_threshold=thr).expected_s)
     t_dec = price([1] * n, ctx.tolist())
-    budget = int(kernel.settings["max_num_batched_tokens"]) - n
+    budget = int(kernel.settings.max_num_batched_tokens) - n
     chunk = int(min(round(uncached), budget))
     t = t_dec
     if chunk > thr and budget > 0:

@@ -145,7 +145,7 @@ def _constants_feature(kernel, posterior: Posterior, scales: np.ndarray,
     ctx = int(done["input_tokens"].mean() + done["output_tokens"].mean() / 2) if len(done) \
         else 1024
     prompt = int(done["input_tokens"].median()) if len(done) else 1024
-    thr = int(kernel.settings["decode_threshold"])
+    thr = int(kernel.settings.decode_threshold)
     batches = [Batch([1] * n, [ctx] * n, decode_threshold=thr),
                Batch([1] * max(n - 1, 0) + [min(prompt, 2048)], [ctx] * max(n - 1, 0) + [0],
                      decode_threshold=thr)]

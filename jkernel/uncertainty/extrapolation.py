@@ -81,21 +81,13 @@ class DeploymentFacts:
     engine_version: str
 
 
-def _resolution(kernel):
-    fn = getattr(kernel, "resolution", None) or getattr(kernel, "resolved")
-    return fn()
-
-
 def deployment_facts(kernel) -> DeploymentFacts:
     """The kernel's chip, model, widths and engine version."""
     sc = kernel.inputs.scenario
-    res = _resolution(kernel)
-    settings = kernel.settings
-    nodes = settings["nodes_spanned"] if isinstance(settings, dict) else getattr(
-        settings, "nodes_spanned")
+    res = kernel.resolution()
     return DeploymentFacts(str(sc.cluster.hardware), str(sc.model),
                            int(res.tensor_parallel_width), int(res.expert_parallel_width),
-                           int(nodes), str(sc.engine_version))
+                           int(kernel.settings.nodes_spanned), str(sc.engine_version))
 
 
 def fitted_range(kernel, error_model: ErrorModel | FittedRange) -> FittedRange:

@@ -49,8 +49,11 @@ def _requests(n=30, rate=2.0, seed=0):
 
 
 def test_an_interval_replay_reports_every_metric_with_its_sources(kernel):
+    from dataclasses import replace
+
     reqs = _requests()
-    res = replay_intervals(kernel, reqs, draws=8, error_model=_model())
+    stale = replace(_model(), constants_sha256="0" * 64, command="regenerate-me")
+    res = replay_intervals(kernel, reqs, draws=8, error_model=stale)
     assert set(res.metrics) == set(METRICS)
     plain = replay(kernel, reqs)
     for m in METRICS:
@@ -65,6 +68,8 @@ def test_an_interval_replay_reports_every_metric_with_its_sources(kernel):
     assert res.metrics["itl_mean_s"].shares["structural"] > 0.8
     assert res.extrapolation.cls == "fitted"
     assert any("request table" in n for n in res.notes)
+    # an error model estimated with other constants says so
+    assert any("other constants" in n and "regenerate-me" in n for n in res.notes)
     assert res.iterations >= plain.summary["steps"]
     text = format_intervals(res)
     assert "TTFT mean ms" in text and "80% interval" in text

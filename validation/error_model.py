@@ -38,7 +38,6 @@ each evaluated deployment left out. A dataset study, not part of the installed l
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import sys
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["constants_digest", "operating_point_step", "operating_point_log_ratio",
+__all__ = ["operating_point_step", "operating_point_log_ratio",
            "residency_steps", "residency_groups", "serving_groups", "estimate_from",
            "summary_markdown", "main"]
 
@@ -54,19 +53,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "catalog" / "uncertainty" / "error-model.yaml"
 COMMAND = ("python -m validation.error_model --residency ../shared/data/residency-vllm "
            "--serving ../shared/data/serving-runs")
-
-
-def constants_digest(catalog: Path | None = None) -> str:
-    """sha256 of the catalog's coefficient sets (the constants the residuals were taken
-    with)."""
-    from jkernel.catalog import catalog_root
-
-    folder = (Path(catalog) if catalog else catalog_root()) / "coefficients"
-    h = hashlib.sha256()
-    for f in sorted(folder.glob("*.yaml")):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def _replicas(kernel) -> int:
@@ -400,6 +386,8 @@ def main(argv=None) -> int:
              "The front end is every client-side, light-load TTFT residual: time before the "
              "first step and after the first token that the model does not price, plus any "
              "error of the prefill step itself at that load."]
+    from jkernel.uncertainty.errormodel import constants_digest
+
     model = estimate_from(steps, table, rng, [cor], name="shipped", notes=notes,
                           digest=constants_digest())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

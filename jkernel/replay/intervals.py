@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..regimes import REGIMES
-from ..uncertainty.errormodel import ErrorModel, shipped_error_model
+from ..uncertainty.errormodel import ErrorModel, constants_digest, shipped_error_model
 from ..uncertainty.extrapolation import Extrapolation, assess
 from ..uncertainty.intervals import METRICS, MetricInterval, interval, metric_values, shares
 from ..uncertainty.posterior import Posterior
@@ -204,6 +204,10 @@ def replay_intervals(kernel, requests=None, *, workload=None, level: float = 0.8
     em = error_model if error_model is not None else shipped_error_model()
     post = posterior if posterior is not None else Posterior.from_kernel(kernels[0], em)
     notes = []
+    if em.constants_sha256 and em.constants_sha256 != constants_digest():
+        notes.append(f"error model: estimated with other constants than the catalog's "
+                     f"coefficient sets now hold; regenerate it ({em.command or 'python -m '
+                     'validation.error_model'})")
     if workload is not None:
         spec = workload.spec if isinstance(workload, GeneratedWorkload) else workload
         if not isinstance(spec, WorkloadSpec):

@@ -48,7 +48,7 @@ from ..regimes import REGIMES, Regime
 
 __all__ = ["CLASSES", "Spread", "FrontEnd", "FittedRange", "Correlation", "ErrorModel",
            "parse_error_model", "load_error_model", "error_model_to_dict",
-           "dump_error_model", "shipped_error_model", "SHIPPED"]
+           "dump_error_model", "shipped_error_model", "SHIPPED", "constants_digest"]
 
 #: Extrapolation classes, nearest the fitted data first.
 CLASSES = ("fitted", "fitted_deployment", "other_deployment", "unfitted_chip")
@@ -289,6 +289,21 @@ def dump_error_model(m: ErrorModel) -> str:
     """The document of ``m`` as YAML text."""
     return yaml.safe_dump(error_model_to_dict(m), sort_keys=False, width=100,
                           allow_unicode=True)
+
+
+def constants_digest(repos=None) -> str:
+    """sha256 of the registry's coefficient sets: the constants residuals are taken with
+    (an error model records it as ``constants_sha256``; another digest means the constants
+    changed since the error model was estimated)."""
+    import hashlib
+
+    from ..catalog import registry_root
+
+    h = hashlib.sha256()
+    for f in sorted((registry_root(repos) / "coefficients").glob("*.yaml")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def shipped_error_model(repos=None) -> ErrorModel:

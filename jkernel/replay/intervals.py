@@ -205,9 +205,9 @@ def replay_intervals(kernel, requests=None, *, workload=None, level: float = 0.8
     post = posterior if posterior is not None else Posterior.from_kernel(kernels[0], em)
     notes = []
     if em.constants_sha256 and em.constants_sha256 != constants_digest():
+        how = em.command or "python -m validation.error_model"
         notes.append(f"error model: estimated with other constants than the catalog's "
-                     f"coefficient sets now hold; regenerate it ({em.command or 'python -m '
-                     'validation.error_model'})")
+                     f"coefficient sets now hold; regenerate it ({how})")
     if workload is not None:
         spec = workload.spec if isinstance(workload, GeneratedWorkload) else workload
         if not isinstance(spec, WorkloadSpec):

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..batch import bucket_for
 from ..params import Params
-from ..regimes import REGIMES, classify
+from ..regimes import HOST_RESOURCE, REGIMES, Regime, classify
 from ..step import BatchArrays
 from .api import Prepared, ReplayResult, prepare
 from .sim import Pool, Simulation, step_ticks, ticks
@@ -256,31 +256,51 @@ class Lockstep:
             kernel = self.layout[j][0]
             n = len(owner)
             lens = np.array(lens)
+            sched = np.array(sched, np.int32)
             width = bucket_for(int(lens.max()), kernel.buckets)
             # the row count padded to a power of two: few shapes, few compilations
             m = 1 << max(0, (n - 1).bit_length())
+            starts = np.cumsum(lens) - lens
             rows = np.repeat(np.arange(n), lens)
-            cols = np.arange(len(sched)) - np.repeat(np.cumsum(lens) - lens, lens)
+            cols = np.arange(len(sched)) - np.repeat(starts, lens)
             s = np.zeros((m, width), np.int32)
             c = np.zeros((m, width), np.int32)
             s[rows, cols] = sched
             c[rows, cols] = comp
+            thr = np.array(thrs, np.int32)
             scal = np.zeros((m, 3), np.int32)
             scal[:, 0] = 1
-            scal[:n, 0] = thrs
+            scal[:n, 0] = thr
             scal[:n, 2] = pads
             var = np.zeros(m, np.int64)
             var[:n] = owner
             secs, neck = self._programs[j](self._flat[j][var], s, c, scal)
             var = var[:n]
-            regime = classify(s[:n], scal[:n, 0], np.asarray(neck)[:n])
+            regime = _regimes(sched, lens, starts, thr, np.asarray(neck)[:n])
             logf = self._log_factor[var, regime]
             if self._jitter:
                 logf = logf + self._step_sd[var, regime] * z[var]
             secs = np.asarray(secs)[:n] * np.exp(logf)
             self.priced_rows += n
             np.maximum.at(seconds, var, secs)
-        return {i: step_ticks(float(seconds[i])) for i, _ in items}
+        sec = seconds.tolist()
+        return {i: step_ticks(sec[i]) for i, _ in items}
+
+
+def _regimes(sched: np.ndarray, lens: np.ndarray, starts: np.ndarray, thr: np.ndarray,
+             neck: np.ndarray) -> np.ndarray:
+    """:func:`jkernel.regimes.classify` of rows given flat: ``sched`` the rows' scheduled
+    tokens one after the other (``lens`` each, from ``starts``), ``thr`` their decode
+    thresholds, ``neck`` their bottlenecks (no padded matrix to scan)."""
+    # a zero after the last row, so that every start (an empty last row's too) indexes it
+    over = np.append(sched > np.repeat(thr, lens), False).astype(np.int32)
+    busy = np.append(sched > 0, False).astype(np.int32)
+    pre = np.where(lens > 0, np.add.reduceat(over, starts), 0)
+    pos = np.where(lens > 0, np.add.reduceat(busy, starts), 0) - pre
+    out = np.where((pre > 0) & (pos > 0), Regime.MIXED,
+                   np.where(pre > 0, Regime.PREFILL, Regime.DECODE)).astype(np.int8)
+    out[neck == HOST_RESOURCE] = Regime.HOST
+    return out
 
 
 def lockstep_replay(kernels: Sequence, workloads: Sequence, variants: Sequence[Variant], *,

@@ -14,7 +14,7 @@ of each part, the medians over rounds:
   tokens and their int32 arrays);
 * ``price: step_time host``: ``Kernel.step_time`` outside its compiled programs
   (validation, packing, the ``StepEstimate``);
-* ``price: programs``: the compiled step programs (``_Compiled.step``: dispatch, run,
+* ``price: programs``: the compiled step programs (``Programs.step``: dispatch, run,
   the result back as numpy);
 * ``step bookkeeping``: ``Simulation._step`` outside the parts above (the step log,
   KV usage, pushing the step's end);
@@ -78,7 +78,7 @@ class Timers:
 
 def breakdown(k, reqs) -> tuple[dict, int, float]:
     """One replay with timers: (µs per step by part, steps, wall s)."""
-    from jkernel.kernel import _Compiled
+    from jkernel.programs import Programs
     from jkernel.replay import replay, scheduler, sim
 
     t = Timers()
@@ -88,7 +88,7 @@ def breakdown(k, reqs) -> tuple[dict, int, float]:
     t.wrap(sim.Simulation, "run", "run")
     t.wrap(sim.Pool, "price", "price")
     t.wrap(type(k), "step_time", "step_time")
-    t.wrap(_Compiled, "step", "programs")
+    t.wrap(Programs, "step", "programs")
     try:
         t0 = time.perf_counter()
         res = replay(k, reqs)

@@ -19,8 +19,8 @@ _HOME = {
     "Kernel": "kernel", "enable_compilation_cache": "runtime", "enable_x64": "runtime",
     "new": "kernel", "open": "kernel", "open_inputs": "kernel", "open_pool": "kernel",
     "Placement": "overheads", "Params": "params", "ENGINE_BEHAVIOUR_VERSION": "resolve",
-    "EngineSettings": "resolve", "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "step",
-    "StepEstimate": "step", "StepOptions": "step", "ArgumentError": "validate",
+    "EngineSettings": "resolve", "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "stages",
+    "Resources": "stages", "StepEstimate": "step", "StepOptions": "stages", "ArgumentError": "validate",
 }
 
 
@@ -42,5 +42,5 @@ __version__ = "0.1.0"
 __all__ = ["open", "open_pool", "open_inputs", "new", "Kernel", "Batch", "Request",
            "StepEstimate", "StepOptions", "EngineSettings", "Refusal", "ArgumentError",
            "Placement", "Params", "Repos",
-           "RESOURCES", "enable_x64", "enable_compilation_cache",
+           "RESOURCES", "Resources", "enable_x64", "enable_compilation_cache",
            "ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET"]

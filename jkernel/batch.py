@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .step import BatchArrays
+from .stages import BatchArrays
 from .limits import MAX_BATCH_REQUESTS
 from .validate import ArgumentError, step_scalars, tokens_array
 

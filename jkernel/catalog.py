@@ -47,7 +47,7 @@ def shipped_root() -> Path:
 
 def _env_root(var: str) -> Path | None:
     """The folder an environment variable names; one that is not a folder is refused (it
-    used to list nothing without a word, issue 10)."""
+    used to list nothing without a word)."""
     env = os.environ.get(var)
     if not env:
         return None

@@ -74,7 +74,7 @@ def _title(k) -> str:
 
 def _cmd_price(args) -> int:
     from .batch import Batch
-    from .step import RESOURCES
+    from .stages import RESOURCES
 
     batch = Batch.from_spec(args.batch, decode_threshold=args.decode_threshold,
                             sm_budget=args.sm_budget, pad_tokens=args.pad_tokens)

@@ -28,177 +28,20 @@ from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
 from .params import CHIP_NAMES, Params
-from .plan import Plan
+from .programs import PACKED_FIELDS, estimate_of, estimates_of, packed_batch, programs
 from .documents import Pool
 from .resolve import (EngineSettings, Inputs, Resolution, Resolved, open_inputs as _open_inputs,
                       resolve)
 from .runtime import configure
+from .stages import BatchArrays, StepOptions
 from .startup import check_opened
-from .step import (RESOURCES, BatchArrays, NeedsRequests, StepEstimate, StepOptions,
-                   make_step_fn, sum_requests)
+from .step import StepEstimate
 from . import validate as _v
 from .validate import ArgumentError
 
 __all__ = ["Kernel", "open", "open_pool", "open_inputs", "new", "ArgumentError"]
 
-#: The largest packed single-step input (int32 entries) that runs as one program: XLA's CPU
-#: runtime runs a program inline when all its buffers are ≤ 512 bytes.
-_SMALL_PACKED = 128
 
-_PACK = ("overlap_s", "no_overlap_s", "expected_s") + tuple(f"{r}_s" for r in RESOURCES) + \
-    ("bottleneck",)
-
-
-class _Compiled:
-    """The jitted programs of one (plan, options, parameter names): shared by every kernel
-    with that structure, so ``with_params`` never recompiles."""
-
-    def __init__(self, plan: Plan, options: StepOptions, names: tuple[str, ...]):
-        self.step_fn = make_step_fn(plan, options)
-        self.names = names
-        self.traces = 0
-        step_fn = self.step_fn
-
-        def unpack(flat) -> Params:
-            return Params(dict(zip(names, [flat[..., i] for i in range(len(names))])))
-
-        def pack(est: StepEstimate):
-            dt = est.no_overlap_s.dtype
-            cols = [est.overlap_s, est.no_overlap_s, est.expected_s] + \
-                [est.per_resource_s[r] for r in RESOURCES] + [est.bottleneck.astype(dt)]
-            return jnp.stack(jnp.broadcast_arrays(*cols), axis=-1)
-
-        def one(flat, packed):
-            """``packed``: int32 ``(..., 2R + 3)`` = scheduled (R), computed (R), then
-            decode_threshold, sm_budget, pad_tokens; one array, so one host→device copy.
-            Leading axes are batches: the step function broadcasts over them itself (no
-            vmap), which lets it sum requests as vector operations across batches.
-            Returns the 9 packed figures and, last, the count of negative request entries
-            (the sign check of the array entry point, in the same pass)."""
-            self.traces += 1                       # runs at trace time only
-            batch = _unpacked(packed)
-            est, negative = step_fn.checked(unpack(flat), batch)
-            rows = pack(est)
-            return jnp.concatenate([rows, negative.astype(rows.dtype)[..., None]], axis=-1)
-
-        def many(flat, sched, comp, scal):
-            """Batches ``(B, R)`` and their scalars ``(B, 3)``, unpacked: the bulk path
-            slices the caller's arrays into chunks without copying them into one. Also
-            returns how many requests of each batch have a negative ``scheduled`` or
-            ``computed`` (int32 ``(B,)``): the sign check of int32 inputs is a lane of the
-            step's one pass over the requests, not a second read of them."""
-            self.traces += 1
-            batch = BatchArrays(sched, comp, sched > 0, scal[..., 0], scal[..., 1],
-                                scal[..., 2])
-            est, negative = step_fn.checked(unpack(flat), batch)
-            return pack(est), negative
-
-        lanes: list = []               # the request sums' keys, in order (set when traced)
-
-        def reduce_requests(packed, dt):
-            """The first half of a single step: the request sums (and the three scalars)
-            as one ``dt`` vector. Few kernels, so XLA's CPU runtime runs it inline."""
-            self.traces += 1
-            batch = _unpacked(packed)
-            sums = sum_requests(plan, batch, dt, check=True)
-            lanes[:] = list(sums)
-            return jnp.stack([v.astype(dt) for v in sums.values()]
-                             + [x.astype(dt) for x in (batch.decode_threshold,
-                                                       batch.sm_budget, batch.pad_tokens)])
-
-        def from_sums(flat, vec):
-            """The second half: the step from the sums; one program for every bucket, on
-            buffers of a few hundred bytes."""
-            self.traces += 1
-            n = len(lanes)
-            batch = BatchArrays(None, None, None, vec[n], vec[n + 1], vec[n + 2])
-            sums = {key: vec[i] for i, key in enumerate(lanes) if key != "negative"}
-            rows = pack(step_fn.from_sums(unpack(flat), batch, sums))
-            return jnp.concatenate([rows, vec[lanes.index("negative")][None]])
-
-        def grad_of(field: int):
-            def value(flat, packed):
-                return one(flat, packed)[field]
-            return jax.jit(jax.value_and_grad(value))
-
-        self.unpack = unpack
-        self.pack = pack
-        self.one = jax.jit(one)
-        self.many = jax.jit(many)
-        self.sweep = jax.jit(jax.vmap(many, in_axes=(0, None, None, None)))
-
-        @functools.lru_cache(maxsize=8)
-        def at(offsets: tuple[int, int], sweep: bool):
-            """``many`` (or ``sweep``) on flat views of ``scheduled`` and ``computed`` whose
-            first ``offsets`` elements precede the batches (see :func:`_view_from_boundary`)."""
-            def run(flat, s_view, c_view, scal):
-                b = scal.shape[0]
-                sched = s_view[offsets[0]:].reshape(b, -1)
-                comp = c_view[offsets[1]:].reshape(b, -1)
-                return many(flat, sched, comp, scal)
-            return jax.jit(jax.vmap(run, in_axes=(0, None, None, None)) if sweep else run)
-
-        self.at = at
-        self.jit_step = jax.jit(step_fn)
-        self.reduce_requests = jax.jit(reduce_requests, static_argnums=1)
-        self.from_sums = jax.jit(from_sums)
-        self._split: bool | None = None
-        self._grads: dict[int, Any] = {}
-        self._grad_of = grad_of
-
-    def step(self, flat, packed) -> np.ndarray:
-        """One packed step's 9 figures (float64 numpy). A batch whose input exceeds 512
-        bytes (64 requests and up) runs as two programs, the request reduction and the
-        rest: XLA's CPU runtime runs a program inline only when it has few kernels or all
-        its buffers are at most 512 bytes, and otherwise schedules its ~40 kernels over its
-        thread pool, which cost a fixed ~12-25 µs (more than the second dispatch). Plans
-        that read the requests after the reduction (DCP's context gather) stay one program."""
-        if packed.shape[-1] <= _SMALL_PACKED or self._split is False:
-            return np.asarray(self.one(flat, packed))
-        if self._split is None:
-            try:
-                vec = self.reduce_requests(packed, flat.dtype)
-                out = np.asarray(self.from_sums(flat, vec))
-            except NeedsRequests:
-                self._split = False
-                return np.asarray(self.one(flat, packed))
-            self._split = True
-            return out
-        return np.asarray(self.from_sums(flat, self.reduce_requests(packed, flat.dtype)))
-
-    def grad(self, field: int):
-        """``jit(value_and_grad)`` of one packed output column w.r.t. the flat params: one
-        program with one output array (a Params-shaped output would be one buffer per
-        name, which costs more than the backward pass itself for one batch)."""
-        g = self._grads.get(field)
-        if g is None:
-            g = self._grads[field] = self._grad_of(field)
-        return g
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(plan: Plan, options: StepOptions, names: tuple[str, ...]) -> _Compiled:
-    return _Compiled(plan, options, names)
-
-
-def _estimate(vals: list) -> StepEstimate:
-    per = dict(zip(RESOURCES, vals[3:8]))
-    return StepEstimate(vals[0], vals[1], vals[2], per, int(vals[8]))
-
-
-def _estimates(rows: np.ndarray) -> StepEstimate:
-    per = {r: rows[..., 3 + i] for i, r in enumerate(RESOURCES)}
-    return StepEstimate(rows[..., 0], rows[..., 1], rows[..., 2], per,
-                        rows[..., 8].astype(np.int32))
-
-
-def _unpacked(packed) -> BatchArrays:
-    """The batch of a packed step input, int32 ``(..., 2R + 3)``: scheduled (R), computed
-    (R), then decode_threshold, sm_budget, pad_tokens (views, numpy or traced)."""
-    r = (packed.shape[-1] - 3) // 2
-    sched, comp = packed[..., :r], packed[..., r:2 * r]
-    return BatchArrays(sched, comp, sched > 0, packed[..., 2 * r], packed[..., 2 * r + 1],
-                       packed[..., 2 * r + 2])
 
 
 class Kernel:
@@ -225,7 +68,7 @@ class Kernel:
         if set(self.params) != set(resolved.params):
             raise ArgumentError("params", "must be a jkernel.Params with exactly the kernel's "
                                 f"names: {sorted(resolved.params)}")
-        self._programs = _compiled(self.plan, options, tuple(self.params))
+        self._programs = programs(self.plan, options, tuple(self.params))
         self.step_fn = self._programs.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
         if params is not None:                  # the documents' own are checked as read
@@ -313,9 +156,9 @@ class Kernel:
                             pad_tokens, sign=False)     # the program counts negatives
         vals = self._programs.step(self._flat, packed).tolist()
         if vals[-1]:
-            b = _unpacked(packed)
+            b = packed_batch(packed)
             raise_negative((b.scheduled[None], b.computed[None]), 0, 1)
-        return _estimate(vals)
+        return estimate_of(vals)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,
@@ -324,20 +167,20 @@ class Kernel:
         ``overlap_s``, ``no_overlap_s`` or ``<resource>_s``) at the kernel's params: one
         jitted program. The gradient is a :class:`Params` of numpy float64 scalars (SI
         units per unit of each parameter)."""
-        if of not in _PACK[:-1]:
+        if of not in PACKED_FIELDS[:-1]:
             raise ArgumentError("of", f"{of!r} is not a priced figure; allowed: "
-                                f"{', '.join(_PACK[:-1])}")
+                                f"{', '.join(PACKED_FIELDS[:-1])}")
         packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
                             pad_tokens)
-        value, g = self._programs.grad(_PACK.index(of))(self._flat, packed)
+        value, g = self._programs.grad(PACKED_FIELDS.index(of))(self._flat, packed)
         g = np.asarray(g)
         return float(value), Params(dict(zip(self._programs.names, g)))
 
     def breakdown(self, batch: Batch):
         """Where ``batch``'s step time goes: a :class:`pandas.DataFrame` of layer kind ×
         named term × resource seconds with each term's share of ``expected_s``
-        (:func:`jkernel.terms.breakdown_table`; jitted, not on the packed fast path)."""
-        from .terms import breakdown_table
+        (:func:`jkernel.breakdown.breakdown_table`; jitted, not on the packed fast path)."""
+        from .breakdown import breakdown_table
 
         if not isinstance(batch, Batch):
             raise ArgumentError("batch", f"breakdown takes a jkernel.Batch, not "
@@ -371,8 +214,8 @@ class Kernel:
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
         flat = self._flat if dtype is None else self._flat.astype(_v.price_dtype(dtype))
-        return _estimates(chunked(
-            lambda *x: self._programs.many(flat, *x), arrays, chunk, columns=len(_PACK),
+        return estimates_of(chunked(
+            lambda *x: self._programs.many(flat, *x), arrays, chunk, columns=len(PACKED_FIELDS),
             at=lambda o: functools.partial(self._programs.at(o, False), flat)))
 
     def price_sweep(self, params: Sequence[Params] | Params, batches=None, *, scheduled=None,
@@ -401,9 +244,9 @@ class Kernel:
         arrays = many_inputs(batches, scheduled, computed, decode_threshold, sm_budget,
                              pad_tokens, buckets=self.buckets)
         rows = chunked(lambda *x: self._programs.sweep(flat, *x), arrays, chunk,
-                       columns=len(_PACK), axis=1, sets=flat.shape[0],
+                       columns=len(PACKED_FIELDS), axis=1, sets=flat.shape[0],
                        at=lambda o: functools.partial(self._programs.at(o, True), flat))
-        return _estimates(rows)
+        return estimates_of(rows)
 
     # -- memory (memory.md) -----------------------------------------------------------------
     def fixed_bytes(self) -> _memory.MemoryBreakdown:
@@ -442,7 +285,7 @@ class Kernel:
         """Host time before a request of ``prompt_tokens`` (whole, ≥ 0) is scheduled, s.
 
         methods.md prices ``prompt_tokens ≤ 0`` as 0; only 0 reaches that branch here: a
-        negative, fractional or NaN count is refused as ``Batch`` refuses it (issue 10)."""
+        negative, fractional or NaN count is refused as ``Batch`` refuses it (one validation for every entry point)."""
         t = _v.whole("prompt_tokens", prompt_tokens)
         return float(_overheads.admission_overhead(self.params, t))
 

@@ -3,7 +3,7 @@
 Two recipes, selected by the scenario's ``engine_version``:
 
 * **vLLM v0.29.0 and later: the spec's recipe** (memory.md §4–§5). The spec's memory
-  magnitudes are those of the vLLM 0.29 rules pack (documents.md §7.3, D11) and its pins are
+  magnitudes are those of the vLLM 0.29 rules pack (documents.md §9, D11) and its pins are
   declared at 0.29.0 and 0.31.0, so from 0.29.0 on the spec governs. Weights and KV geometry
   come from the plan (coefficient-free); activation, CUDA-graph and communicator magnitudes
   are registry coefficients read from the params pytree (so tripling them changes
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .documents.graph import LATENT_KINDS, ModelGraph
+from .documents.graph import ModelGraph
 from .plan import KindPlan, Plan
 
 __all__ = ["MemoryBreakdown", "MemoryPlan", "VllmMemoryRules", "plan_memory", "fixed_bytes",
@@ -244,7 +244,7 @@ def plan_memory(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, *,
     h_act = model.hidden_size
     widths = [k.attention for k in kinds if k.attention is not None]
     if widths:
-        h_act = max(model.hidden_size if a.kind in LATENT_KINDS else a.n_q * a.d_h
+        h_act = max(model.hidden_size if a.kind.latent else a.n_q * a.d_h
                     for a in widths)
     weights, redundant_bytes = _weights(model, kinds, head, tp=tp,
                                         experts_per_rank=experts_per_rank, shards=shards,

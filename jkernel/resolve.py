@@ -34,11 +34,11 @@ from . import catalog as _catalog
 from .documents import (Chip, CoefficientSet, Deployment, Fabric, ModelGraph, Scenario,
                         StorageClass, load_bundle, load_chip, load_coefficient_set,
                         load_fabric, load_graph, load_storage, parse_bundle, select)
-from .documents.graph import DTYPE_BYTES, LATENT_KINDS
+from .documents.graph import DTYPE_BYTES
 from .errors import Refusal
 from .memory import MemoryPlan, plan_memory
 from .params import CHIP_NAMES, Params, si_scale
-from .plan import (EAGER, FULL, PIECEWISE, AttentionPlan, CollectiveKey, GroupPlan, KindPlan,
+from .plan import (AttentionPlan, GraphMode, CollectiveKey, GroupPlan, KindPlan,
                    Plan, collectives_needed, plan_layers)
 
 __all__ = ["ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET", "RULES", "Rules", "Inputs",
@@ -365,7 +365,7 @@ def _check_heads(model_name: str, facts: "GraphFacts", dep: Deployment) -> None:
     # num_kv_heads), and QKVParallelLinear shards KV heads over tp (n_kv divisible by tp)
     # or replicates them (tp divisible by n_kv). Latent attention has one shared latent.
     grouped = sorted({(a.n_q, a.n_kv) for a in facts.primaries
-                      if a.kind not in LATENT_KINDS and a.n_q and a.n_kv})
+                      if not a.kind.latent and a.n_q and a.n_kv})
     for n_q, n_kv in grouped:
         if n_q % n_kv:
             raise Refusal("R5", f"{model_name} has {n_q} query heads for {n_kv} KV heads; vLLM "
@@ -503,7 +503,7 @@ class GraphFacts:
 
     @property
     def latent(self) -> bool:
-        return any(a.kind in LATENT_KINDS for a in self.primaries)
+        return any(a.kind.latent for a in self.primaries)
 
     @property
     def sparse(self) -> bool:
@@ -696,9 +696,11 @@ def resolve_dtypes(eng, weight_dtype: str, chip: Chip, facts: GraphFacts, dcp: i
                   cache_elem, packed_cell, layout, rec.notes())
 
 
-_GRAPH_MODES = {"PIECEWISE": (PIECEWISE, PIECEWISE), "FULL": (FULL, FULL),
-                "FULL_AND_PIECEWISE": (FULL, PIECEWISE), "FULL_DECODE_ONLY": (FULL, EAGER),
-                "NONE": (EAGER, EAGER)}
+_GRAPH_MODES = {"PIECEWISE": (GraphMode.PIECEWISE, GraphMode.PIECEWISE),
+                "FULL": (GraphMode.FULL, GraphMode.FULL),
+                "FULL_AND_PIECEWISE": (GraphMode.FULL, GraphMode.PIECEWISE),
+                "FULL_DECODE_ONLY": (GraphMode.FULL, GraphMode.EAGER),
+                "NONE": (GraphMode.EAGER, GraphMode.EAGER)}
 
 
 def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> EngineDefaults:
@@ -749,7 +751,7 @@ def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> Engi
                    f"vLLM v0.31.0 default for {chip.name} ({chip.memory_gib:g} GiB){cap}")
     num_spec = eng.speculative.num_spec_tokens if eng.speculative else 0
     uniform_width = 1 + num_spec
-    if decode_mode == EAGER and other_mode == EAGER:
+    if decode_mode == GraphMode.EAGER and other_mode == GraphMode.EAGER:
         ceiling = 0
     else:
         ceiling = min(max_seqs * uniform_width * 2, 1024 if chip.blackwell else 512)
@@ -822,7 +824,7 @@ def resolve_context_parallel(eng, dep: Deployment, layout: Layout, facts: GraphF
     pcp, dcp, block = layout.pcp, layout.dcp, defaults.block_size
     stated_backend = eng.dcp_comm_backend
     if pcp > 1:
-        if not all(a.kind in LATENT_KINDS for a in facts.primaries) or facts.has_recurrent:
+        if not all(a.kind.latent for a in facts.primaries) or facts.has_recurrent:
             raise Refusal("R5", "pcp > 1 needs every primary attention latent (mla or "
                           "sparse_mla) and no recurrent layer", field=f"{pf}.parallel.pcp")
         if dcp > 1 and not all(a.kind == "sparse_mla" for a in facts.primaries):
@@ -953,7 +955,7 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
             rec.assume(name, "absent", reason)
     # methods.md §5: tier_time caps every known storage class by host_link_bandwidth, so an
     # applicable entry is lifted even without offload tiers; only its absence is recorded
-    # conditionally (§5.2).
+    # conditionally (resolution.md §5.2).
     if "host_link_bandwidth" in chosen:
         used.add("host_link_bandwidth")
     # jkernel's own expected_s constants: defaults until a step-trace fit
@@ -1015,7 +1017,7 @@ def _kv_bytes_per_token(kinds: tuple[KindPlan, ...], facts: GraphFacts, dtypes: 
     kv_layers = sum(k.count for k in kinds if k.attention is not None)
     if dtypes.packed_cell_bytes:
         return dtypes.packed_cell_bytes * kv_layers
-    tensors = 1 if first.kind in LATENT_KINDS else 2
+    tensors = 1 if first.kind.latent else 2
     heads = max(1, first.n_kv // tp)
     return tensors * heads * first.d_h * dtypes.cache_element_bytes * kv_layers
 
@@ -1054,7 +1056,7 @@ def build_plan(model: ModelGraph, kinds: tuple[KindPlan, ...], head: dict, chip:
                             if (layout.expert_parallel and experts.physical) else 1.0),
         expert_tensor_shards=experts.shards,
         dp_slice=(experts.shards / tp if ep <= 1 else 1.0),
-        funnel=dp if (layout.moe_group > 1 and dp > 1) else 1, routed_a2a=layout.routed_a2a,
+        funnel=dp if (layout.moe_group > 1 and dp > 1) else 1,
         shape_aware=coeffs.shape_aware, blackwell=chip.blackwell,
         decode_mode=defaults.decode_mode, other_mode=defaults.other_mode,
         capture_ceiling=defaults.capture_ceiling,

@@ -403,7 +403,7 @@ def _price_rows(k, rows: list[list[tuple[int, int]]]):
 
 
 def _resource(index: int) -> str:
-    from .step import RESOURCES
+    from .stages import RESOURCES
 
     return RESOURCES[int(index)]
 

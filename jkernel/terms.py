@@ -1,129 +1,80 @@
-"""Named cost terms: one function per piece of work a step prices (spec step.md §6–§8 and
-expected.md).
+"""Named cost terms: one law per piece of work a step prices (spec step.md §6–§8 and
+expected.md), and the one table that names them.
 
-Every term returns a :class:`Term`: the seconds it puts on each resource of one rank for
-**one layer** of one kind (step-level terms — the LM head, the drafter, the host — for the
-whole step), as the reference edges count them, and the seconds it adds to jkernel's own
-``expected_s``. :mod:`jkernel.step` composes the same list of terms twice: into the edges
-(``overlap_s``, ``no_overlap_s``) and into ``expected_s``.
+Every term is a :class:`Term`: the seconds it puts on each resource of one rank
+(:class:`~jkernel.stages.Resources`) for **one layer** of one kind (step-level terms — the LM
+head, the drafter, the host — for the whole step), as the reference edges count them, and
+the seconds it adds to jkernel's own ``expected_s``. :data:`LAYER_TERMS` and
+:data:`STEP_TERMS` list every term with its :class:`Side` (where the composers in
+:mod:`jkernel.step` put it); :func:`price_terms` prices the table for one step.
 
-The term functions are traceable and never branch on values. Their arguments:
+The laws are traceable and never branch on values. Their arguments:
 
 * ``kind`` / ``plan``: static structure (:mod:`jkernel.plan`);
+* ``options``: :class:`~jkernel.stages.StepOptions` (``options.maximum``, the step's max);
 * ``c``: :class:`Constants`, the params a step reads, lifted once;
-* ``st``: the step's batch reductions (``st.b``: token counts of step.md §4 as scalars, or
-  arrays of the batch shape under leading batch axes) with the ramps and the SM derate;
-* ``options``: :class:`~jkernel.step.StepOptions` and ``mx``, its maximum.
+* ``st``: :class:`~jkernel.stages.StepInputs`: the step's token counts (``st.batch``, a
+  :class:`~jkernel.stages.StepBatch` of scalars, or arrays of the batch shape under leading
+  batch axes) with the ramps and the SM derate.
+
+Adding a term: write its law here (a function of the arguments above returning a
+:class:`Term`) and add its row to :data:`LAYER_TERMS` or :data:`STEP_TERMS`.
 
 Shapes: every field of a :class:`Term` has the batch shape (``()`` for one batch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from . import laws
-from .plan import (DCP_SHARDABLE, EAGER, FULL, LATENT_KINDS, PIECEWISE, AttentionPlan,
-                   CollectiveKey, GroupPlan, KindPlan, Plan)
+from .plan import (AttentionPlan, CollectiveKey, CollectiveLaunch, GemmPlan,
+                   GraphMode, GroupPlan, KindPlan, Plan, Rows, read_shape)
+from .stages import Resources, StepInputs, StepOptions
 
-__all__ = ["Term", "ReadShape", "read_shape", "primary_read", "Constants", "SERIAL_TERMS",
-           "HOST_TERMS", "GPU_STEP_TERMS", "layer_terms", "lm_head", "draft_passes",
-           "graph_replay", "kernel_launches", "kernel_gap", "host_serial", "STEP",
-           "breakdown_table", "BREAKDOWN_COLUMNS"]
+__all__ = ["Term", "Side", "TermRow", "LAYER_TERMS", "STEP_TERMS", "STEP", "Constants",
+           "PricedTerms", "side", "price_terms", "expected_sum", "layer_terms", "gemm_names",
+           "dense_gemm", "dense_gemms", "routed_experts", "shared_experts",
+           "attention_decode_read", "attention_prefill", "secondary_decode_reads",
+           "secondary_decode_read", "recurrent_mixer", "elementwise", "collectives", "lm_head",
+           "draft_passes", "graph_mode", "graph_replay", "kernel_launches", "kernel_gap",
+           "host_serial"]
 
 
 #: The key of the step-level terms in :attr:`StepEstimate.terms` (not a layer kind).
 STEP = "(step)"
-#: Layer terms the edges add after a layer's overlapped stage instead of inside it
-#: (step.md §6.11: routed experts run serially after the dense stage).
-SERIAL_TERMS = ("routed experts",)
-#: Step-level terms on the host side of ``expected_s = max(gpu, host) + host_serial``.
-HOST_TERMS = ("host graph replay", "host kernel launches")
-#: Step-level terms on the GPU side (added to the layers' terms).
-GPU_STEP_TERMS = ("lm head", "draft passes", "kernel gap")
 
 
 class Term(NamedTuple):
     """One named cost term, seconds per rank (a pytree).
 
-    ``sm_s``, ``hbm_s``, ``nvlink_s``, ``nic_s``, ``host_s``: what the reference edges charge
-    each resource (step.md §6.11, §8); ``expected_s``: what the term adds to ``expected_s``
-    (expected.md), which need not be any one resource's time (a GEMM adds the larger of its
-    compute and memory time).
+    ``per_resource_s``: what the reference edges charge each resource (step.md §6.11, §8);
+    ``expected_s``: what the term adds to ``expected_s`` (expected.md), which need not be
+    any one resource's time (a GEMM adds the larger of its compute and memory time).
     """
 
-    sm_s: jax.Array
-    hbm_s: jax.Array
-    nvlink_s: jax.Array
-    nic_s: jax.Array
-    host_s: jax.Array
+    per_resource_s: Resources
     expected_s: jax.Array
 
     @classmethod
     def of(cls, zero, *, sm=None, hbm=None, nvlink=None, nic=None, host=None, expected=None):
         z = lambda x: zero if x is None else x  # noqa: E731
-        return cls(z(sm), z(hbm), z(nvlink), z(nic), z(host), z(expected))
+        return cls(Resources(z(sm), z(hbm), z(nvlink), z(nic), z(host)), z(expected))
 
     def scaled(self, n) -> "Term":
-        return Term(*(n * x for x in self))
+        return jax.tree_util.tree_map(lambda x: n * x, self)
 
     def __add__(self, other: "Term") -> "Term":          # type: ignore[override]
-        return Term(*(a + b for a, b in zip(self, other)))
+        return jax.tree_util.tree_map(lambda a, b: a + b, self, other)
 
     def where(self, keep) -> "Term":
-        return Term(*(jnp.where(keep, x, 0.0) for x in self))
-
-
-# -- the decode read of one attention: ONE decision ---------------------------------------
-
-@dataclass(frozen=True)
-class ReadShape:
-    """How a decode's read of an attention's cache differs from its plain context (step.md
-    §6.3): capped by a sliding window (D3), bounded by a sparse top-k with a compression
-    ratio, and sharded over DCP ranks. A hashable, static record; it also names the request
-    lane that carries the summed read."""
-
-    window: int = 0
-    sparse_bound: int = 0
-    compress_ratio: int = 0
-    dcp: int = 1
-    interleave: int = 1
-    draft: bool = False            # the lane of a later draft pass (context + 1)
-
-    def for_draft(self) -> "ReadShape":
-        return ReadShape(self.window, self.sparse_bound, self.compress_ratio, self.dcp,
-                         self.interleave, True)
-
-
-def read_shape(plan: Plan, att: AttentionPlan) -> ReadShape | None:
-    """The shape of ``att``'s decode read, or None when a decode reads its whole context."""
-    window = att.window if att.kind == "swa" and att.window > 0 else 0
-    bound = 0
-    if att.kind == "sparse_mla":
-        bound = att.index_topk if att.index_topk > 0 else att.window
-    dcp = plan.dcp if plan.dcp > 1 and att.kind in DCP_SHARDABLE else 1
-    if not window and bound <= 0 and dcp <= 1:
-        return None
-    return ReadShape(window, max(bound, 0), att.compress_ratio if bound > 0 else 0, dcp,
-                     plan.interleave)
-
-
-def primary_read(shape: ReadShape | None, ctx):
-    """Tokens one decode at context ``ctx`` reads from the primary cache (step.md §6.3)."""
-    if shape is None:
-        return ctx
-    read = ctx
-    if shape.window > 0:
-        read = jnp.minimum(read, shape.window)                                  # D3
-    if shape.sparse_bound > 0:
-        read = laws.sparse_read(read, shape.sparse_bound, shape.compress_ratio)
-    if shape.dcp > 1:
-        read = laws.dcp_local(laws.round_half_up(read), shape.dcp, shape.interleave)
-    return read
+        return jax.tree_util.tree_map(lambda x: jnp.where(keep, x, 0.0), self)
 
 
 # -- the params a step reads ---------------------------------------------------------------
@@ -175,10 +126,28 @@ class Constants:
 
 # -- layer terms ---------------------------------------------------------------------------
 
-def dense_gemm(g, plan: Plan, options, c: Constants, st) -> Term:
+def gemm_names(kind: KindPlan) -> list[str]:
+    """A unique term name per fused GEMM of ``kind``: ``gemm <role>+<role>``."""
+    names, seen = [], {}
+    for g in kind.gemms:
+        base = "gemm " + "+".join(r or "?" for r in g.roles)
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    return names
+
+
+def dense_gemms(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                st: StepInputs) -> dict[str, Term]:
+    """Every fused dense GEMM of ``kind``, by :func:`gemm_names`."""
+    return {name: dense_gemm(g, plan, options, c, st)
+            for name, g in zip(gemm_names(kind), kind.gemms)}
+
+
+def dense_gemm(g: GemmPlan, plan: Plan, options: StepOptions, c: Constants,
+               st: StepInputs) -> Term:
     """One (fused) dense GEMM (step.md §6.1; expected: max(compute, memory) with vLLM's
     sharding, refinement 1, and activation traffic, refinement 2)."""
-    b, P, B_hbm, derate, tp = st.b, c.P, c.B_hbm, st.sm_derate, plan.tp
+    b, P, B_hbm, derate, tp = st.batch, c.P, c.B_hbm, st.sm_derate, plan.tp
     refine = options.expected_refinements
     n_r, k_r = (g.n / tp, g.k) if g.shard_n else (g.n, g.k / tp)
     frac = 1.0 / tp
@@ -200,44 +169,48 @@ def dense_gemm(g, plan: Plan, options, c: Constants, st) -> Term:
     compute, memory = laws.gemm_times(b.t_gemm, n_r, k_r, g.weight_bytes * frac, P, B_hbm,
                                       e_exp, 2.0 if refine else 0.0)      # refinement 2
     return Term.of(c.zero, sm=edge_sm, hbm=g.weight_bytes / tp / B_hbm,
-                   expected=options.mx(compute * derate, memory))
+                   expected=options.maximum(compute * derate, memory))
 
 
-def routed_experts(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:
+def routed_experts(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                   st: StepInputs) -> Term:
     """Routed experts (step.md §6.2), serial after the layer's stage in the edges."""
     routed_flops, routed_bytes = laws.routed_expert_work(
-        st.b.t_gemm * plan.funnel, kind.top_k, plan.local_expert_share,
+        st.batch.t_gemm * plan.funnel, kind.top_k, plan.local_expert_share,
         kind.expert_flops_per_token_per_expert, c.imb, plan.dp_slice,
         plan.physical_experts, plan.experts_per_rank, kind.expert_weight_bytes_per_expert,
         plan.expert_tensor_shards)
     sm = laws.safe_div(routed_flops, c.P * st.r_g) * st.sm_derate
     hbm = laws.memory_time(routed_bytes, c.B_hbm)
-    return Term.of(c.zero, sm=sm, hbm=hbm,
-                   expected=options.mx(sm, hbm) if options.expected_routed_max else sm + hbm)
+    return Term.of(c.zero, sm=sm, hbm=hbm, expected=(options.maximum(sm, hbm)
+                                                     if options.expected_routed_max
+                                                     else sm + hbm))
 
 
-def shared_experts(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:
+def shared_experts(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                   st: StepInputs) -> Term:
     """Shared experts: priced as dense GEMMs (step.md §6.2)."""
-    flops = st.b.t_gemm * kind.shared_expert_flops_per_token / plan.tp
+    flops = st.batch.t_gemm * kind.shared_expert_flops_per_token / plan.tp
     sm = laws.safe_div(flops, c.P * st.r_g) * st.sm_derate
     hbm = kind.shared_expert_weight_bytes / plan.tp / c.B_hbm
-    return Term.of(c.zero, sm=sm, hbm=hbm, expected=options.mx(sm, hbm))
+    return Term.of(c.zero, sm=sm, hbm=hbm, expected=options.maximum(sm, hbm))
 
 
 def _single_launch(att: AttentionPlan, plan: Plan) -> bool:
     """vLLM v0.31.0 FlashAttention runs one varlen launch for a mixed batch (step.md §6.3)."""
-    return att.kind not in LATENT_KINDS and plan.dcp <= 1 and not plan.blackwell
+    return not att.kind.latent and plan.dcp <= 1 and not plan.blackwell
 
 
 def _monotone(options) -> bool:
     """jkernel's refinements 6–8 (on with expected.md's 1–5): the terms that keep
     ``expected_s`` non-decreasing as work is added (see :func:`attention_decode_read`,
     :func:`attention_prefill` and, for context-parallel plans,
-    :func:`context_parallel_collectives` with ``jkernel.step._Batch.expected_view``)."""
+    :func:`collectives` with :meth:`jkernel.stages.StepBatch.expected_view`)."""
     return options.expected_refinements
 
 
-def attention_decode_read(att: AttentionPlan, plan: Plan, options, c: Constants, st) -> Term:
+def attention_decode_read(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                          st: StepInputs) -> Term:
     """The primary attention's read of its cache (step.md §6.3) and the plain KV read where
     no decode rate is calibrated (§6.6). In a mixed single-launch step the cheaper of the two
     floors is not charged (D4 on a tie: the decode's).
@@ -249,6 +222,7 @@ def attention_decode_read(att: AttentionPlan, plan: Plan, options, c: Constants,
     from the paged cache, so a request that turns from decode into prefill keeps its read
     and adds its prefill work.
     """
+    att = kind.attention
     f_dec, r_dec = c.pair(att.kind)
     with_rate = r_dec > 0
     shape = read_shape(plan, att)
@@ -264,12 +238,13 @@ def attention_decode_read(att: AttentionPlan, plan: Plan, options, c: Constants,
             hbm = hbm - jnp.where(cond & (f_dec <= f_p), f_dec, 0.0)
         return hbm + jnp.where(reads & ~with_rate, T * plan.bpt_layer, 0.0) / c.B_hbm
 
-    edge = priced(st.b.decode_read(shape), st.has_dec)
-    exp = priced(st.b.live_read(shape), st.has_live) if _monotone(options) else edge
+    edge = priced(st.batch.decode_read(shape), st.has_dec)
+    exp = priced(st.batch.live_read(shape), st.has_live) if _monotone(options) else edge
     return Term.of(c.zero, hbm=edge, expected=exp)
 
 
-def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st) -> Term:
+def attention_prefill(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                      st: StepInputs) -> Term:
     """The primary attention's prefill work over causal pairs (step.md §6.3); ``expected_s``
     prices MLA decompressed (refinement 3).
 
@@ -280,14 +255,15 @@ def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st)
     query row —, i.e. charges ``(W + m½·max_i w_i)/(P·ε_max)``: the single prefill's own
     ramp, non-decreasing when a request is added or grows.
     """
-    b, P, derate = st.b, c.P, st.sm_derate
+    att = kind.attention
+    b, P, derate = st.batch, c.P, st.sm_derate
     f_p = c.params["attention_prefill_floor"]
     w_p = c.params["attention_prefill_work_scale"]
     scaled = w_p > 0
     causal = b.windowed(att.window) if att.window > 0 else b.causal_flops
     work = causal * att.n_q * att.d_h / plan.tp
     exp_work = work
-    if (options.expected_refinements and att.kind in LATENT_KINDS and att.qk_nope_head_dim
+    if (options.expected_refinements and att.kind.latent and att.qk_nope_head_dim
             and att.v_head_dim):
         # refinement 3: MLA prefill runs decompressed; per pair per head
         # 2·(qk_nope + qk_rope) + 2·v_head FLOPs instead of 4·d_h.
@@ -314,11 +290,22 @@ def attention_prefill(att: AttentionPlan, plan: Plan, options, c: Constants, st)
     return Term.of(c.zero, sm=edge, expected=exp)
 
 
-def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan, options,
-                          c: Constants, st) -> Term:
+def secondary_decode_reads(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                           st: StepInputs) -> dict[str, Term]:
+    """Every secondary attention's decode read, as ``attention <role> decode read``."""
+    out: dict[str, Term] = {}
+    for i, a in enumerate(kind.secondaries):
+        name = f"attention {a.role or i} decode read"
+        t = secondary_decode_read(a, kind.attention, plan, options, c, st)
+        out[name] = out[name] + t if name in out else t
+    return out
+
+
+def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan,
+                          options: StepOptions, c: Constants, st: StepInputs) -> Term:
     """A secondary attention's decode read (an indexer, a compressed cache; step.md §6.4);
     ``expected_s`` reads it for every live request (refinement 6)."""
-    b = st.b
+    b = st.batch
     f_a, r_sec = c.pair(a.kind)
     per_token = plan.bpt_layer * (a.n_kv * a.d_h) / (att.n_kv * att.d_h)
 
@@ -327,7 +314,7 @@ def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan, opti
             T2 = jnp.minimum(T2, a.window * requests)
         if a.compress_ratio > 1:
             T2 = T2 / a.compress_ratio
-        if plan.dcp > 1 and a.kind in DCP_SHARDABLE:
+        if plan.dcp > 1 and a.kind.dcp_shardable:
             T2 = laws.dcp_local(laws.round_half_up(T2), plan.dcp, plan.interleave)
         return jnp.where(reads & (r_sec > 0),
                          laws.floor_plus_rate(T2 * per_token, f_a, r_sec), 0.0)
@@ -337,48 +324,38 @@ def secondary_decode_read(a: AttentionPlan, att: AttentionPlan, plan: Plan, opti
     return Term.of(c.zero, hbm=edge, expected=exp)
 
 
-def recurrent_mixer(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:
+def recurrent_mixer(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                    st: StepInputs) -> Term:
     """A recurrent mixer's update over the step's tokens (step.md §6.5)."""
     s = c.zero
     for rk, fn, rn in plan.recurrent_names:
         if rk == kind.recurrent.kind:
             f_r, rho = c.params[fn], c.params[rn]
             ok = (f_r > 0) & (rho > 0)
-            s = jnp.where(ok, laws.floor_plus_rate(st.b.t_real, f_r, rho), 0.0)
+            s = jnp.where(ok, laws.floor_plus_rate(st.batch.t_real, f_r, rho), 0.0)
     return Term.of(c.zero, sm=s, expected=s)
 
 
-def elementwise(kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:
+def elementwise(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                st: StepInputs) -> Term:
     """Norms and other elementwise kernels: their bytes on HBM (step.md §6.7)."""
-    s = st.b.t_gemm * kind.elementwise_bytes_per_token / plan.tp / c.B_hbm
+    s = st.batch.t_gemm * kind.elementwise_bytes_per_token / plan.tp / c.B_hbm
     return Term.of(c.zero, hbm=s, expected=s)
 
 
-def graph_collective(coll, kind: KindPlan, plan: Plan, options, c: Constants, st) -> Term:
-    """One collective of the graph (step.md §6.8): an all-reduce, gather or scatter over
-    the TP group, or the MoE all-to-all (bytes × top_k when routed). ``expected_s`` charges
-    the all-to-all as its two launches, dispatch and combine (refinement 5)."""
-    nbytes = st.b.t_gemm * plan.hidden_size * 2.0
-    if coll.op == "alltoall" and kind.top_k > 0 and coll.routed:
-        nbytes = nbytes * kind.top_k
-    dv, dn = c.coll(plan.key(coll.op, coll.group), plan.group(coll.group), nbytes,
-                    coll.op == "alltoall" and coll.routed)
-    launches = 2 if (options.expected_refinements and coll.op == "alltoall") else 1
-    return Term.of(c.zero, nvlink=dv, nic=dn, expected=launches * (dv + dn))
+def collectives(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                st: StepInputs) -> dict[str, Term]:
+    """Every collective one layer of ``kind`` launches, as :meth:`Plan.launches` lists it
+    (the plan decides which; this prices them), by term name: the graph's all-reduces,
+    gathers, scatters and the MoE all-to-all (step.md §6.8; ``expected_s`` charges the
+    all-to-all as its two launches, dispatch and combine, refinement 5), DCP's
+    query/LSE/output collectives and MLA context gathers (§6.9), PCP's KV gathers (§6.10).
 
+    A launch moves ``rows × factors`` bytes (:class:`~jkernel.plan.Rows`): the hidden
+    states of the GEMM tokens; DCP's rows — the decode tokens of a latent attention, every
+    token of a GQA one once a request has context —; or ``pcp ×`` the prefill tokens.
 
-def collective_name(coll) -> str:
-    if coll.op == "alltoall" and coll.routed:
-        return "moe dispatch and combine"
-    return f"{coll.op} {coll.group}"
-
-
-def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constants, st
-                                 ) -> dict[str, Term]:
-    """DCP query/LSE/output collectives, MLA context gathers (step.md §6.9) and PCP KV
-    gathers (§6.10: the primary's latent and rope key, and each secondary's key), by name.
-
-    On the view ``expected_s`` prices a context-parallel plan with (``st.b.envelope``,
+    On the view ``expected_s`` prices a context-parallel plan with (``st.batch.envelope``,
     refinement 8), a latent attention's DCP collectives take their monotone form:
 
     * vLLM v0.31.0's MLA backend (``MLACommonImpl.forward``) all-gathers the decode
@@ -398,69 +375,54 @@ def context_parallel_collectives(kind: KindPlan, plan: Plan, options, c: Constan
       context and in P, where the spec's runs (split at each prefill without context,
       ordered by new tokens) regroup when a request grows.
     """
-    att, b, zero = kind.attention, st.b, c.zero
+    b, zero = st.batch, c.zero
     envelope = bool(b.envelope) and _monotone(options)
+    att = kind.attention
     out: dict[str, Term] = {}
-    if att is None or att.n_q <= 0:
-        return out
+    rows: dict[Rows, tuple] = {}
 
-    def charge(name: str, op: str, group: str, nbytes, when):
-        dv, dn = c.coll(plan.key(op, group), plan.group(group), nbytes, op == "alltoall")
-        dv, dn = jnp.where(when, dv, 0.0), jnp.where(when, dn, 0.0)
-        t = Term.of(zero, nvlink=dv, nic=dn, expected=dv + dn)
-        out[name] = out[name] + t if name in out else t
+    def counted(which: Rows):
+        """``(rows, when)`` of a row count, evaluated once per layer."""
+        if which not in rows:
+            if which is Rows.HIDDEN:
+                rows[which] = (b.t_gemm * plan.hidden_size, None)
+            elif which is Rows.DCP:
+                latent = att.kind.latent
+                n = b.decode_tokens if latent else jnp.where(b.any_context, b.tokens, 0.0)
+                some = n > 0
+                if latent and envelope:
+                    n = n + b.decode_threshold * b.prefill_requests
+                    some = st.has_live
+                rows[which] = (n, some)
+            else:                                                           # Rows.PCP
+                rows[which] = (plan.pcp * b.prefill_tokens, b.prefill_tokens > 0)
+        return rows[which]
 
-    latent = att.kind in LATENT_KINDS
-    if plan.dcp > 1 and att.kind in DCP_SHARDABLE:
-        rows = b.decode_tokens if latent else jnp.where(b.any_context, b.tokens, 0.0)
-        some = rows > 0
-        if latent and envelope:
-            rows = rows + b.thr * b.prefill_requests
-            some = st.has_live
-        h, qW = att.n_q, att.d_h
-        oW = att.kv_lora_rank if latent and att.kv_lora_rank > 0 else att.d_h
-        if plan.pcp > 1:
-            aH = h / plan.tp
-            if plan.dcp > plan.pcp:
-                aH = h
-                charge("dcp query all_gather TP", "all_gather", "TP", rows * aH * qW * 2.0,
-                       some)
+    for launch in plan.launches(kind):
+        key, group = plan.key(launch.op, launch.group), plan.group(launch.group)
+        if launch.rows is Rows.CONTEXT:
+            gather = _chunked_context_gather if envelope else _mla_context_gather
+            dv, dn = gather(plan, b, launch, key, group, c)
+            t = Term.of(zero, nvlink=dv, nic=dn, expected=dv + dn)
         else:
-            aH = h / plan.tp * plan.dcp                                            # D29
-            charge("dcp query all_gather", "all_gather", "DCP", rows * aH * qW * 2.0, some)
-        if plan.dcp_comm_backend == "a2a":
-            charge("dcp output alltoall", "alltoall", "DCP", rows * aH * (oW + 2) * 2.0, some)
-        else:
-            charge("dcp lse all_gather", "all_gather", "DCP", plan.dcp * rows * aH * 4.0, some)
-            op = "all_reduce" if plan.pcp > 1 else "reduce_scatter"
-            charge(f"dcp output {op}", op, "DCP", rows * aH * oW * 2.0, some)
-        if latent:
-            dv, dn = (_chunked_context_gather if envelope else _mla_context_gather)(
-                plan, b, att, c)
-            out["dcp context gather"] = Term.of(zero, nvlink=dv, nic=dn, expected=dv + dn)
-    if plan.pcp > 1:
-        rows = plan.pcp * b.prefill_tokens
-        some = b.prefill_tokens > 0
-        if 0 < att.kv_lora_rank < att.d_h:
-            charge("pcp kv all_gather", "all_gather", "PCP", rows * att.kv_lora_rank * 2.0, some)
-            charge("pcp kv all_gather", "all_gather", "PCP",
-                   rows * (att.d_h - att.kv_lora_rank) * 2.0, some)
-        else:
-            charge("pcp kv all_gather", "all_gather", "PCP", rows * att.d_h * 2.0, some)
-        # step.md §6.10: one more gather per secondary attention with a key (the indexer's,
-        # rows·n_kv·d_h·2 bytes)
-        for a in kind.secondaries:
-            if a.n_kv > 0 and a.d_h > 0:
-                charge("pcp kv all_gather", "all_gather", "PCP", rows * a.n_kv * a.d_h * 2.0,
-                       some)
+            n, when = counted(launch.rows)
+            nbytes = n
+            for f in launch.factors:
+                nbytes = nbytes * f
+            dv, dn = c.coll(key, group, nbytes, launch.all_to_all)
+            if when is not None:
+                dv, dn = jnp.where(when, dv, 0.0), jnp.where(when, dn, 0.0)
+            launches = 2 if (options.expected_refinements and launch.dispatch_and_combine) \
+                else 1
+            t = Term.of(zero, nvlink=dv, nic=dn, expected=launches * (dv + dn))
+        out[launch.name] = out[launch.name] + t if launch.name in out else t
     return out
 
 
-def _mla_context_gather(plan: Plan, b, att: AttentionPlan, c: Constants):
+def _mla_context_gather(plan: Plan, b, launch: CollectiveLaunch, key: CollectiveKey,
+                        group: GroupPlan, c: Constants):
     """Chunked context gathers of DCP-sharded latent prefixes (step.md §6.9)."""
-    key = plan.key("all_gather", "DCP")
-    group = plan.group("DCP")
-    s_req, c_req, pre_req = b.requests()
+    s_req, c_req, pre_req = b.requests
     big = jnp.finfo(s_req.dtype).max
     order = jnp.argsort(jnp.where(pre_req, s_req, big), axis=-1, stable=True)
     pre = jnp.take_along_axis(pre_req, order, axis=-1)
@@ -473,71 +435,40 @@ def _mla_context_gather(plan: Plan, b, att: AttentionPlan, c: Constants):
     S = jnp.sum(jnp.where(onehot, contrib[..., None], 0.0), axis=-2)   # (..., n_seg)
     chunk = max(plan.mla_chunk, 1)
     n = jnp.ceil(S / chunk)
-    per = S * att.d_h * 2.0 / jnp.where(n > 0, n, 1.0)
-    v, k = c.coll(key, group, per, False)
+    per = _bytes(S, launch) / jnp.where(n > 0, n, 1.0)
+    v, k = c.coll(key, group, per, launch.all_to_all)
     use = S > 0
     return (jnp.sum(jnp.where(use, n * v, 0.0), axis=-1),
             jnp.sum(jnp.where(use, n * k, 0.0), axis=-1))
 
 
-def _chunked_context_gather(plan: Plan, b, att: AttentionPlan, c: Constants):
+def _chunked_context_gather(plan: Plan, b, launch: CollectiveLaunch, key: CollectiveKey,
+                            group: GroupPlan, c: Constants):
     """``expected_s``: the DCP gathers of the prefills' cached latent context as vLLM v0.31.0
-    chunks it (see :func:`context_parallel_collectives`): ``n = ceil(max c / q)``
+    chunks it (see :func:`collectives`): ``n = ceil(max c / q)``
     iterations, ``q = max(⌊chunk / P / block⌋·block, block)``, each gathering ``Σ c / n``
     tokens of ``d_h`` bf16 values."""
-    total, count, longest = b.prefill_context()
+    total, count, longest = b.prefill_context
     block = float(max(plan.block_size, 1))
     share = jnp.floor(max(plan.mla_chunk, 1) / jnp.maximum(count, 1.0) / block) * block
     n = jnp.ceil(longest / jnp.maximum(share, block))
-    per = total * att.d_h * 2.0 / jnp.where(n > 0, n, 1.0)
-    v, k = c.coll(plan.key("all_gather", "DCP"), plan.group("DCP"), per, False)
+    per = _bytes(total, launch) / jnp.where(n > 0, n, 1.0)
+    v, k = c.coll(key, group, per, launch.all_to_all)
     use = total > 0
     return jnp.where(use, n * v, 0.0), jnp.where(use, n * k, 0.0)
 
 
-def gemm_names(kind: KindPlan) -> list[str]:
-    """A unique term name per fused GEMM of ``kind``: ``gemm <role>+<role>``."""
-    names, seen = [], {}
-    for g in kind.gemms:
-        base = "gemm " + "+".join(r or "?" for r in g.roles)
-        seen[base] = seen.get(base, 0) + 1
-        names.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
-    return names
-
-
-def layer_terms(kind: KindPlan, plan: Plan, options, c: Constants, st) -> dict[str, Term]:
-    """Every named term of one layer of ``kind``, in pricing order (step.md §6.1–§6.10)."""
-    out: dict[str, Term] = {}
-    for name, g in zip(gemm_names(kind), kind.gemms):
-        out[name] = dense_gemm(g, plan, options, c, st)
-    if kind.moe:
-        out["routed experts"] = routed_experts(kind, plan, options, c, st)
-        out["shared experts"] = shared_experts(kind, plan, options, c, st)
-    att = kind.attention
-    if att is not None:
-        out["attention decode read"] = attention_decode_read(att, plan, options, c, st)
-        out["attention prefill"] = attention_prefill(att, plan, options, c, st)
-        for i, a in enumerate(kind.secondaries):
-            name = f"attention {a.role or i} decode read"
-            t = secondary_decode_read(a, att, plan, options, c, st)
-            out[name] = out[name] + t if name in out else t
-    if kind.recurrent is not None:
-        out["recurrent mixer"] = recurrent_mixer(kind, plan, options, c, st)
-    out["norms and elementwise"] = elementwise(kind, plan, options, c, st)
-    for coll in kind.collectives:
-        name = collective_name(coll)
-        t = graph_collective(coll, kind, plan, options, c, st)
-        out[name] = out[name] + t if name in out else t
-    for name, t in context_parallel_collectives(kind, plan, options, c, st).items():
-        out[name] = out[name] + t if name in out else t
-    return out
+def _bytes(rows, launch: CollectiveLaunch):
+    for f in launch.factors:
+        rows = rows * f
+    return rows
 
 
 # -- step-level terms ----------------------------------------------------------------------
 
-def _head_times(plan: Plan, c: Constants, st, tokens):
+def _head_times(plan: Plan, c: Constants, st: StepInputs, tokens):
     """LM head over ``tokens`` rows (step.md §7): ``(sm_s, hbm_s)``, 0 when no real token."""
-    real = st.b.t_real > 0
+    real = st.batch.t_real > 0
     ramp = laws.ramp(tokens, c.eps, c.m_half)
     sm = jnp.where(real, laws.safe_div(tokens * plan.head_flops_per_token / plan.tp,
                                        c.P * ramp) * st.sm_derate, 0.0)
@@ -545,32 +476,35 @@ def _head_times(plan: Plan, c: Constants, st, tokens):
     return sm, hbm
 
 
-def lm_head(plan: Plan, options, c: Constants, st) -> Term:
+def lm_head(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+            layers: LayerTerms) -> Term:
     """The LM head: the edges compute logits for every real token (step.md §7);
     ``expected_s`` only for the sampled positions (refinement 4)."""
-    b = st.b
+    b = st.batch
     sm, hbm = _head_times(plan, c, st, b.t_real)
     if options.expected_refinements:
         sampled = jnp.minimum(b.t_real, b.n_live * plan.uniform_decode_width)
-        exp = options.mx(*_head_times(plan, c, st, sampled))
+        exp = options.maximum(*_head_times(plan, c, st, sampled))
     else:
-        exp = options.mx(sm, hbm)
+        exp = options.maximum(sm, hbm)
     return Term.of(c.zero, sm=sm, hbm=hbm, expected=exp)
 
 
-def draft_passes(plan: Plan, options, c: Constants, st, first: dict, later_step) -> Term:
+def draft_passes(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+                 layers: LayerTerms) -> Term:
     """``expected_s`` only: the MTP drafter's work after the target pass.
 
     vLLM v0.31.0 runs one speculator module per draft token: the first over the step's
     tokens (the target's hidden states), each later one over one token per request; every
     pass computes the logits of one token per request. The edges leave the drafter unpriced
-    (D7). ``first`` maps a kind id to its layer's expected seconds in this step;
-    ``later_step`` builds the token counts of a later pass.
+    (D7). The first pass's layer of a kind costs the target's (``layers``, priced on this
+    step); a later pass is priced on :meth:`~jkernel.stages.StepInputs.draft_pass`.
     """
-    n = st.b.n_live
-    total = sum((count * first[kid] for kid, count in plan.draft_kinds), c.zero)
+    n = st.batch.n_live
+    total = sum((count * expected_sum(layers[kid], c.zero)
+                 for kid, count in plan.draft_kinds), c.zero)
     if plan.num_spec > 1:
-        later = later_step()
+        later = st.draft_pass(c.eps, c.m_half)
         kinds = {k.id: k for k in plan.kinds}
         per_pass = c.zero
         for kid, count in plan.draft_kinds:
@@ -579,45 +513,50 @@ def draft_passes(plan: Plan, options, c: Constants, st, first: dict, later_step)
                 layer = layer + t.expected_s
             per_pass = per_pass + count * layer
         total += (plan.num_spec - 1) * per_pass
-    total += plan.num_spec * options.mx(*_head_times(plan, c, st, n))
+    total += plan.num_spec * options.maximum(*_head_times(plan, c, st, n))
     return Term.of(c.zero, expected=jnp.where(n > 0, total, 0.0))
 
 
 def graph_mode(plan: Plan, b):
-    """The CUDA-graph mode of the step (step.md §8): FULL for a uniform decode under a FULL
-    decode mode, EAGER past the capture ceiling."""
-    mode = jnp.where((b.n_live <= 0) | b.uniform, plan.decode_mode, plan.other_mode)
-    return jnp.where(b.tokens + b.t_pad > plan.capture_ceiling, EAGER, mode)
+    """The CUDA-graph mode of the step (step.md §8), an int array of :class:`GraphMode`
+    values: FULL for a uniform decode under a FULL decode mode, EAGER past the capture
+    ceiling."""
+    mode = jnp.where((b.n_live <= 0) | b.uniform, int(plan.decode_mode), int(plan.other_mode))
+    return jnp.where(b.tokens + b.t_pad > plan.capture_ceiling, int(GraphMode.EAGER), mode)
 
 
-def graph_replay(plan: Plan, c: Constants, st) -> Term:
+def graph_replay(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+                 layers: LayerTerms) -> Term:
     """Host time per step of the graph mode: one replay (FULL), one per segment (PIECEWISE),
     or the eager per-layer launch cost (step.md §8). Charged even for an empty step."""
-    p, mode = c.params, graph_mode(plan, st.b)
+    p, mode = c.params, graph_mode(plan, st.batch)
     replay = p["host_replay_graph_per_step"]
-    s = jnp.where(mode == FULL, replay,
-                  jnp.where(mode == PIECEWISE, replay * plan.segments,
+    s = jnp.where(mode == int(GraphMode.FULL), replay,
+                  jnp.where(mode == int(GraphMode.PIECEWISE), replay * plan.segments,
                             p["host_launch_eager_per_layer"] * plan.total_layers))
     return Term.of(c.zero, host=s, expected=s)
 
 
-def kernel_launches(plan: Plan, c: Constants, st) -> Term:
+def kernel_launches(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+                    layers: LayerTerms) -> Term:
     """Host launch cost of every kernel (step.md §8); under FULL replay the graph launches
     its own kernels, so ``expected_s`` charges none (expected.md)."""
-    b = st.b
+    b = st.batch
     launches = c.params["host_launch_per_kernel"] * plan.total_kernels
-    full = graph_mode(plan, b) == FULL
+    full = graph_mode(plan, b) == int(GraphMode.FULL)
     return Term.of(c.zero, host=jnp.where(b.empty, 0.0, launches),
                    expected=jnp.where(b.empty | full, 0.0, launches))
 
 
-def kernel_gap(plan: Plan, c: Constants, st) -> Term:
+def kernel_gap(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+               layers: LayerTerms) -> Term:
     """``expected_s`` only: the GPU's idle gap between consecutive kernels (expected.md)."""
-    return Term.of(c.zero, expected=jnp.where(st.b.empty, 0.0,
+    return Term.of(c.zero, expected=jnp.where(st.batch.empty, 0.0,
                                               plan.total_kernels * c.params["kernel_gap"]))
 
 
-def host_serial(plan: Plan, c: Constants, st) -> Term:
+def host_serial(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+                layers: LayerTerms) -> Term:
     """``expected_s`` only: host work the GPU does not hide, added after the GPU/host maximum
     (expected.md's serial host time).
 
@@ -628,56 +567,152 @@ def host_serial(plan: Plan, c: Constants, st) -> Term:
     (``calibration.stepfit``); they are 0 until one is fitted. An empty batch is no engine
     step (vLLM's core skips the model when nothing is scheduled) and costs none.
     """
-    b = st.b
+    b = st.batch
     serial = (c.params["host_serial"] * jnp.ones_like(b.tokens)
               + c.params["host_serial_per_request"] * b.n_live)
     return Term.of(c.zero, expected=jnp.where(b.empty, 0.0, serial))
 
 
-# -- where a step's time goes --------------------------------------------------------------
+# -- the one table of terms ------------------------------------------------------------------
 
-#: Columns of :func:`breakdown_table` (seconds unless named otherwise).
-BREAKDOWN_COLUMNS = ("kind", "layers", "term", "sm_s", "hbm_s", "nvlink_s", "nic_s", "host_s",
-                     "expected_s", "share")
+class Side(Enum):
+    """Where a term's seconds go when :mod:`jkernel.step` composes a step.
 
-
-def breakdown_table(plan: Plan, estimate):
-    """Rows of layer kind × term × resource seconds of one (unbatched) estimate.
-
-    Returns a :class:`pandas.DataFrame` with :data:`BREAKDOWN_COLUMNS`: ``layers`` is the
-    kind's layer count (1 for the step-level terms, kind :data:`STEP`); the resource columns
-    are the edges' seconds of the term over all its layers, and sum over the rows to
-    ``per_resource_s``; ``expected_s`` is the term's part of ``expected_s`` on its critical
-    path — the GPU terms when ``gpu_s ≥ host_s``, else the host terms (the other side is
-    hidden under it and shows 0), plus ``host serial`` — so the column sums to
-    ``expected_s`` (exactly for the hard maximum, ``smooth_temperature = 0``); ``share`` is
-    ``expected_s`` of the row over the step's.
+    ``STAGE``: GPU work inside its layer's overlapped stage (the edges take the stage's
+    maximum over resources; a step-level GPU term joins the LM head's stage, step.md §7);
+    ``SERIAL``: GPU work the edges add after its layer's stage (step.md §6.11: routed
+    experts); both are on the GPU side of ``expected_s = max(gpu_s, host_s) +
+    host_serial_s``, zero for an empty step. ``HOST``: the host side of that maximum;
+    ``HOST_SERIAL``: host work after it.
     """
-    import numpy as np
-    import pandas as pd
 
-    if estimate.terms is None:
-        raise ValueError("this estimate carries no terms (a packed fast path); price with "
-                         "Kernel.breakdown or step_fn")
-    counts = {k.id: k.count for k in plan.kinds}
-    f = lambda x: float(np.asarray(x))  # noqa: E731
-    step = estimate.terms[STEP]
-    gpu = sum(f(t.expected_s) for kid, d in estimate.terms.items() for n, t in d.items()
-              if kid != STEP or n in GPU_STEP_TERMS)
-    host = sum(f(step[n].expected_s) for n in HOST_TERMS)
-    gpu_critical = gpu >= host
-    total = f(estimate.expected_s)
-    rows = []
-    order = [k.id for k in plan.kinds] + [STEP]
-    for kid in order:
-        for name in sorted(estimate.terms[kid]):
-            t = estimate.terms[kid][name]
-            if kid == STEP and name in HOST_TERMS:
-                exp = f(t.expected_s) if not gpu_critical else 0.0
-            elif kid == STEP and name == "host serial":
-                exp = f(t.expected_s)
-            else:
-                exp = f(t.expected_s) if gpu_critical else 0.0
-            rows.append((kid, counts.get(kid, 1), name, f(t.sm_s), f(t.hbm_s), f(t.nvlink_s),
-                         f(t.nic_s), f(t.host_s), exp, exp / total if total > 0 else 0.0))
-    return pd.DataFrame(rows, columns=list(BREAKDOWN_COLUMNS))
+    STAGE = "gpu stage"
+    SERIAL = "gpu serial"
+    HOST = "host"
+    HOST_SERIAL = "host serial"
+
+    @property
+    def gpu(self) -> bool:
+        return self in (Side.STAGE, Side.SERIAL)
+
+
+@dataclass(frozen=True)
+class TermRow:
+    """One row of the term table.
+
+    ``name``: the term's name; None for a family whose law names its terms (a GEMM per
+    fused role, a read per secondary attention, a collective per launch; families are
+    ``STAGE`` terms). ``law``: ``law(kind, plan, options, c, st)`` for a layer row,
+    ``law(plan, options, c, st, layers)`` for a step row (``layers``: the layer terms of this
+    step, by kind id); it returns a :class:`Term` (a family: ``{name: Term}``).
+    ``applies``: whether the row prices anything for a kind (layer rows) or for a plan and
+    its options (step rows). ``edges``: the reference edges charge it (it is priced on their
+    view of the step, and its ``expected_s`` on ``expected_s``'s); False: an ``expected_s``
+    refinement, priced on ``expected_s``'s view alone.
+    """
+
+    name: str | None
+    side: Side
+    law: Callable
+    applies: Callable | None = None
+    edges: bool = True
+
+
+#: Every layer term, in pricing order (step.md §6.1–§6.10).
+LAYER_TERMS: tuple[TermRow, ...] = (
+    TermRow(None, Side.STAGE, dense_gemms),
+    TermRow("routed experts", Side.SERIAL, routed_experts, lambda k: k.moe),
+    TermRow("shared experts", Side.STAGE, shared_experts, lambda k: k.moe),
+    TermRow("attention decode read", Side.STAGE, attention_decode_read,
+            lambda k: k.attention is not None),
+    TermRow("attention prefill", Side.STAGE, attention_prefill,
+            lambda k: k.attention is not None),
+    TermRow(None, Side.STAGE, secondary_decode_reads, lambda k: k.attention is not None),
+    TermRow("recurrent mixer", Side.STAGE, recurrent_mixer, lambda k: k.recurrent is not None),
+    TermRow("norms and elementwise", Side.STAGE, elementwise),
+    TermRow(None, Side.STAGE, collectives),
+)
+
+#: Every step-level term, in pricing order (step.md §7, §8 and expected.md).
+STEP_TERMS: tuple[TermRow, ...] = (
+    TermRow("lm head", Side.STAGE, lm_head),
+    TermRow("draft passes", Side.STAGE, draft_passes,
+            lambda plan, options: options.expected_refinements and bool(plan.draft_kinds),
+            edges=False),
+    TermRow("kernel gap", Side.STAGE, kernel_gap, edges=False),
+    TermRow("host graph replay", Side.HOST, graph_replay),
+    TermRow("host kernel launches", Side.HOST, kernel_launches),
+    TermRow("host serial", Side.HOST_SERIAL, host_serial, edges=False),
+)
+
+#: ``{kind id: {term name: Term}}``, one layer of each kind.
+LayerTerms = dict
+
+
+def side(kind_id: str, name: str) -> Side:
+    """The side of term ``name`` of kind ``kind_id`` (:data:`STEP` for a step-level term)."""
+    for row in STEP_TERMS if kind_id == STEP else LAYER_TERMS:
+        if row.name == name:
+            return row.side
+    return Side.STAGE                                   # a family's term
+
+
+def _add(out: dict, name: str, t: Term) -> None:
+    out[name] = out[name] + t if name in out else t
+
+
+def layer_terms(kind: KindPlan, plan: Plan, options: StepOptions, c: Constants,
+                st: StepInputs) -> dict[str, Term]:
+    """Every named term of one layer of ``kind`` on ``st``, in :data:`LAYER_TERMS` order (a
+    name priced twice adds up)."""
+    out: dict[str, Term] = {}
+    for row in LAYER_TERMS:
+        if row.applies is not None and not row.applies(kind):
+            continue
+        priced = row.law(kind, plan, options, c, st)
+        for name, t in (priced.items() if row.name is None else ((row.name, priced),)):
+            _add(out, name, t)
+    return out
+
+
+class PricedTerms(NamedTuple):
+    """Every term of one step: ``layers[kind id][term]`` per layer, ``step[term]`` once."""
+
+    layers: LayerTerms
+    step: dict
+
+
+def _both(edge_fn, st: StepInputs, ex: StepInputs):
+    """A term priced on the edges' view ``st``, with ``expected_s`` from ``expected_s``'s
+    view ``ex`` (the same view unless refinement 8 gives a context-parallel plan its own)."""
+    edge = edge_fn(st)
+    if ex is st:
+        return edge
+    exp = edge_fn(ex)
+    if isinstance(edge, dict):
+        return {n: t._replace(expected_s=exp[n].expected_s) for n, t in edge.items()}
+    return edge._replace(expected_s=exp.expected_s)
+
+
+def price_terms(plan: Plan, options: StepOptions, c: Constants, st: StepInputs,
+                ex: StepInputs) -> PricedTerms:
+    """Price the table for one step: each term's resources on the edges' view ``st`` and
+    its ``expected_s`` on ``ex`` (:meth:`~jkernel.stages.StepInputs.expected_view`, or
+    ``st`` itself); an ``expected_s``-only row on ``ex`` alone."""
+    layers = {kind.id: _both(lambda s, k=kind: layer_terms(k, plan, options, c, s), st, ex)
+              for kind in plan.kinds}
+    step: dict[str, Term] = {}
+    for row in STEP_TERMS:
+        if row.applies is not None and not row.applies(plan, options):
+            continue
+        law = lambda s, r=row: r.law(plan, options, c, s, layers)  # noqa: E731
+        step[row.name] = _both(law, st, ex) if row.edges else law(ex)
+    return PricedTerms(layers, step)
+
+
+def expected_sum(layer: dict, zero):
+    """Σ of ``expected_s`` over one layer's terms ({name: Term}), from ``zero``."""
+    out = zero
+    for t in layer.values():
+        out = out + t.expected_s
+    return out

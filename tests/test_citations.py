@@ -78,3 +78,23 @@ def test_decisions_md_lists_the_spec_index_and_points_at_existing_sections():
         for name, secs in refs:
             for sec in re.findall(r"§([\d.]+)", secs):
                 assert sec in _spec_sections(name), (d, name, sec)
+
+
+CITE = re.compile(r"\b(README|documents|expected|memory|methods|resolution|step|vectors)\.md`?"
+                  r"\s+((?:§\d+(?:\.\d+)*(?:\s*(?:,|–|-|/|and)\s*)?)+)")
+
+
+def test_every_spec_citation_names_a_section_that_exists():
+    """`step.md §6.3` in a comment means section 6.3 of docs/spec/step.md (and `vectors.md
+    §4.4.5` item 5 of §4.4): each one a reader follows must be there (memory.py once cited a
+    section of documents.md that does not exist, 7.3)."""
+    bad = []
+    for p, text in _texts():
+        if "spec" in p.relative_to(ROOT).parts:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in CITE.finditer(line):
+                have = _spec_sections(f"{m.group(1)}.md")
+                bad += [f"{p.relative_to(ROOT)}:{n}: {m.group(1)}.md §{s}"
+                        for s in re.findall(r"§(\d+(?:\.\d+)*)", m.group(2)) if s not in have]
+    assert not bad, bad

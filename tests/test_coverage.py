@@ -302,7 +302,8 @@ def test_scenario_features_resolve_as_intended():
     assert (k.plan.num_spec, k.plan.uniform_decode_width, k.plan.capture_ceiling) == (1, 2, 512)
     k = kernel("kimi-k3-gb200-nvl72-ep72")
     g = k.plan.group("Expert")
-    assert (k.plan.ep, g.width, g.crosses, k.plan.routed_a2a) == (72, 72, False, True)
+    routed = any(c.routed for kind in k.plan.kinds for c in kind.collectives)
+    assert (k.plan.ep, g.width, g.crosses, routed) == (72, 72, False, True)
     assert k.plan.experts_per_rank == 13                  # 896 = 12·72 + 32
     g = kernel("minimax-m2.5-h200-2node-ep16").plan.group("Expert")
     assert (g.width, g.per_node, g.crosses) == (16, 8, True)

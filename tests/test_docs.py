@@ -647,7 +647,7 @@ def test_api_page_names_and_constants_are_the_programs():
     for f in re.findall(r"^\| `(\w+)` \|", fields, re.M):
         assert hasattr(est, f), f
     assert set(re.search(r"`per_resource_s` \| `\{([^}]*)\}`", text)[1].replace('"', "")
-               .replace(" ", "").split(",")) == set(est.per_resource_s)
+               .replace(" ", "").split(",")) == set(est.per_resource_s.keys())
     for owner, obj in (("k", k), ("p", k.params), ("est", est)):
         for name in set(re.findall(rf"`{owner}\.(\w+)\(", text)):
             assert callable(getattr(obj, name, None)), f"{owner}.{name}"

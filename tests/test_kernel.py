@@ -231,4 +231,4 @@ def test_split_single_step_prices_as_the_one_program(scenario, split):
         want = np.asarray(k._programs.one(k._flat, packed))
         assert [got.overlap_s, got.no_overlap_s, got.expected_s] == want[:3].tolist()
         assert [got.per_resource_s[r] for r in jkernel.RESOURCES] == want[3:8].tolist()
-    assert k._programs._split is split
+    assert k._programs.split is split

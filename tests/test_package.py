@@ -125,3 +125,42 @@ def test_every_subpackage_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts)
              for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+#: Private names a module may read on objects it does not define: NamedTuple's own API, and
+#: the one probe of JAX's private state (runtime.py, which guards it and falls back).
+_PRIVATE_ALLOWED = {"_fields", "_replace", "_asdict", "_make", "_backends"}
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` reads (``x`` not ``self``/``cls``) of a private attribute the module
+    itself never defines, and ``from m import _name`` imports, in one module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            own.add(n.attr)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            own.add(n.id)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            own.add(n.value)                                  # __slots__ entries
+    bad = []
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                and not n.attr.startswith("__") and ast.unparse(n.value) not in ("self", "cls")
+                and n.attr not in own and n.attr not in _PRIVATE_ALLOWED):
+            bad.append(f"{path.relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}")
+        if isinstance(n, ast.ImportFrom):
+            bad += [f"{path.relative_to(ROOT)}:{n.lineno}: from {n.module} import {a.name}"
+                    for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return bad
+
+
+def test_no_module_reads_another_modules_private_names():
+    """Values cross module boundaries through public names: no module of jkernel reads a
+    private attribute it does not define itself, or imports a private name (the replay once
+    read the kernel's private resolved settings, and the bench the kernel's programs)."""
+    bad = [hit for p in sorted((ROOT / "jkernel").rglob("*.py")) for hit in _private_reads(p)]
+    assert not bad, bad

@@ -510,10 +510,8 @@ def test_capture_ceiling(chip, engine, ceiling):
 def test_graph_mode_pairs(mode, decode, other):
     """resolution.md §11: each cudagraph_mode maps to a (decode-step, other-step) pair; an
     unstated mode is FULL_AND_PIECEWISE, recorded as an assumption."""
-    from jkernel.plan import MODE_NAMES
-
     k = build(**TINY, tp=1, engine={"cudagraph_mode": mode} if mode else None)
-    assert (MODE_NAMES[k.plan.decode_mode], MODE_NAMES[k.plan.other_mode]) == (decode, other)
+    assert (k.plan.decode_mode.name, k.plan.other_mode.name) == (decode, other)
     if mode is None:
         assert scope_value(k, "cudagraph_mode") == "FULL_AND_PIECEWISE"
     else:

@@ -1,4 +1,4 @@
-"""The step's one pass over the requests (``jkernel.step.sum_requests``).
+"""The step's one pass over the requests (``jkernel.stages.sum_requests``).
 
 The whole-number lanes (token and request counts, contexts, window-capped reads) are summed
 in int64 from int inputs, the rest in float: every sum must equal, to the last bit, the
@@ -15,7 +15,7 @@ from conftest import catalog_kernel
 import jax
 import jax.numpy as jnp
 
-from jkernel.step import BatchArrays, _request_lanes, sum_requests
+from jkernel.stages import BatchArrays, RequestLanes, request_lanes, sum_requests
 
 SCENARIOS = ["llama-3.1-8b-h100-tp1", "gpt-oss-120b-b200-tp8", "qwen3-235b-a22b-h200-tp8-dcp2",
              "glm-5-h200-2node-pcp2-dcp2", "nemotron-3-super-120b-a12b-b200-tp2-mtp"]
@@ -39,7 +39,7 @@ def test_integer_lanes_sum_exactly_as_the_float_reduction(scenario):
 
     def sums(sched, comp):
         b = BatchArrays(sched, comp, sched > 0, thr, zeros, zeros)
-        return sum_requests(k.plan, b, np.float64)                   # eager
+        return sum_requests(RequestLanes.of(k.plan), b, np.float64).as_dict()   # eager
 
     ints = sums(s, c)
     floats = sums(s.astype(np.float64), c.astype(np.float64))      # the all-float path
@@ -48,7 +48,7 @@ def test_integer_lanes_sum_exactly_as_the_float_reduction(scenario):
         assert ints[name].dtype == np.float64, name
         np.testing.assert_array_equal(np.asarray(ints[name]), np.asarray(floats[name]),
                                       err_msg=str(name))
-    names = list(floats)                    # mixed str/tuple keys: a list crosses jit
+    names = list(floats)                    # the lanes as a list through jit
     jitted = jax.jit(lambda a, b: [sums(a, b)[n] for n in names])(s, c)   # the speed path
     for name, got in zip(names, jitted):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(floats[name]),
@@ -61,13 +61,15 @@ def test_int_inputs_take_the_integer_lanes(scenario):
     inputs down the float path would still sum equal, so the equality test cannot see it)."""
     k = catalog_kernel(scenario)
     s, c, thr = _batches()
-    lanes = _request_lanes(k.plan, s, c, s > 0, thr[:, None], jnp.float64, it=jnp.int64)
+    lanes = request_lanes(RequestLanes.of(k.plan), s, c, s > 0, thr[:, None], jnp.float64,
+                          it=jnp.int64).as_dict()
     for name in ("tokens", "n_live", "decode_kv_tokens", "live_kv_tokens"):
         assert jnp.issubdtype(lanes[name].dtype, jnp.integer), name
-    if ("row_max", "context") in lanes:
-        assert jnp.issubdtype(lanes[("row_max", "context")].dtype, jnp.integer)
-    floats = _request_lanes(k.plan, s.astype(np.float64), c.astype(np.float64), s > 0,
-                            thr[:, None], jnp.float64, it=jnp.int64)
+    if "context_max" in lanes:
+        assert jnp.issubdtype(lanes["context_max"].dtype, jnp.integer)
+    floats = request_lanes(RequestLanes.of(k.plan), s.astype(np.float64),
+                           c.astype(np.float64), s > 0, thr[:, None], jnp.float64,
+                           it=jnp.int64).as_dict()
     assert all(not jnp.issubdtype(v.dtype, jnp.integer) for v in floats.values())
 
 
@@ -79,7 +81,7 @@ def test_sign_check_lane_counts_negative_requests_per_batch():
     c[7, 31] = -2
     zeros = np.zeros(40, np.int32)
     b = BatchArrays(s, c, s > 0, thr, zeros, zeros)
-    got = sum_requests(k.plan, b, np.float64, check=True)["negative"]
+    got = sum_requests(RequestLanes.of(k.plan), b, np.float64, check=True).negative
     want = np.zeros(40, np.int32)
     want[3], want[7] = 7, 1
     np.testing.assert_array_equal(np.asarray(got), want)

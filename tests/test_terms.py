@@ -14,8 +14,9 @@ import pytest
 
 import jkernel
 from jkernel import terms
+from jkernel.stages import primary_read
 from jkernel.cli import main
-from jkernel.plan import AttentionPlan
+from jkernel.plan import AttentionPlan, ReadShape, read_shape
 
 from conftest import ROOT, catalog_kernel, spec_kernel
 
@@ -26,7 +27,7 @@ def _resource_sums(est):
     out = dict.fromkeys(jkernel.RESOURCES, 0.0)
     for per_kind in est.terms.values():
         for t in per_kind.values():
-            for r, v in zip(jkernel.RESOURCES, t[:5]):
+            for r, v in zip(jkernel.RESOURCES, t.per_resource_s):
                 out[r] += float(v)
     return out
 
@@ -86,6 +87,38 @@ def test_step_terms_are_named_once():
     est = k._programs.jit_step(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x1@10")))
     assert {"lm head", "host graph replay", "host kernel launches", "kernel gap",
             "host serial"} <= set(est.terms[terms.STEP])
+
+
+def test_every_term_has_one_row_with_its_side():
+    """One table says each term's side: the composers and the breakdown read it, no name
+    lists. Fixed names are unique; families (GEMMs, secondary reads, collectives) are stage
+    work; every step-level term the step publishes has its row."""
+    names = [r.name for r in terms.LAYER_TERMS + terms.STEP_TERMS if r.name is not None]
+    assert len(names) == len(set(names))
+    assert all(r.side is terms.Side.STAGE for r in terms.LAYER_TERMS if r.name is None)
+    assert terms.side("any kind", "routed experts") is terms.Side.SERIAL
+    assert terms.side("any kind", "gemm qkv_proj") is terms.Side.STAGE
+    sides = {n: terms.side(terms.STEP, n) for n in ("lm head", "draft passes", "kernel gap",
+                                                    "host graph replay",
+                                                    "host kernel launches", "host serial")}
+    assert sides == {"lm head": terms.Side.STAGE, "draft passes": terms.Side.STAGE,
+                     "kernel gap": terms.Side.STAGE, "host graph replay": terms.Side.HOST,
+                     "host kernel launches": terms.Side.HOST,
+                     "host serial": terms.Side.HOST_SERIAL}
+    k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
+    est = jax.jit(k.step_fn)(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100")))
+    assert set(est.terms[terms.STEP]) == {r.name for r in terms.STEP_TERMS}
+
+
+def test_expected_only_terms_charge_no_resource():
+    """The rows the edges do not charge (the drafter, the kernel gap, the serial host time)
+    put no seconds on any resource."""
+    k = catalog_kernel("nemotron-3-super-120b-a12b-b200-tp2-mtp")
+    est = jax.jit(k.step_fn)(k.params, k.batch_arrays(jkernel.Batch.from_spec("4x2@100,1x90@0")))
+    for row in terms.STEP_TERMS:
+        t = est.terms[terms.STEP][row.name]
+        if not row.edges:
+            assert all(float(v) == 0.0 for v in t.per_resource_s), row.name
 
 
 # -- the README's worked step ---------------------------------------------------------------
@@ -167,12 +200,12 @@ def test_cli_breakdown_prints_a_table(capsys):
 
 def test_read_shape_is_none_for_a_plain_context_read():
     plan = spec_kernel().plan
-    assert terms.read_shape(plan, AttentionPlan("gqa", 8, 1, 128)) is None
-    shape = terms.read_shape(plan, AttentionPlan("swa", 8, 1, 128, window=128))
-    assert shape == terms.ReadShape(window=128)
-    assert float(terms.primary_read(shape, jnp.asarray(1000.0))) == 128.0
-    assert float(terms.primary_read(None, jnp.asarray(1000.0))) == 1000.0
-    sparse = terms.read_shape(plan, AttentionPlan("sparse_mla", 8, 1, 576, index_topk=2048))
+    assert read_shape(plan, AttentionPlan("gqa", 8, 1, 128)) is None
+    shape = read_shape(plan, AttentionPlan("swa", 8, 1, 128, window=128))
+    assert shape == ReadShape(window=128)
+    assert float(primary_read(shape, jnp.asarray(1000.0))) == 128.0
+    assert float(primary_read(None, jnp.asarray(1000.0))) == 1000.0
+    sparse = read_shape(plan, AttentionPlan("sparse_mla", 8, 1, 576, index_topk=2048))
     assert sparse.sparse_bound == 2048 and sparse.window == 0
-    assert float(terms.primary_read(sparse, jnp.asarray(100.0))) == 100.0
-    assert float(terms.primary_read(sparse, jnp.asarray(10_000.0))) == 2048.0
+    assert float(primary_read(sparse, jnp.asarray(100.0))) == 100.0
+    assert float(primary_read(sparse, jnp.asarray(10_000.0))) == 2048.0

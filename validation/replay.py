@@ -43,7 +43,7 @@ from jkernel.calibration.fit.stepfit import PROFILE_ONLY
 __all__ = ["RUNS", "LABELS", "SCENARIO", "measured_summary", "predicted_summary",
            "validate_run", "validate", "format_table", "markdown_table", "main"]
 
-#: (name, folder under the residency-vllm root), in the order the issue lists them.
+#: (name, folder under the residency-vllm root), in the order of docs/simulator.md's validation table (2, 2 with one tenant, 4, 6, 8 req/s).
 RUNS = (
     ("2rps", "sweep_rate/agg_2rps/patched"),
     ("2rps-1T", "sweep_tenants/1T_agg_2rps/patched"),

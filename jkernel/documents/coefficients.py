@@ -85,7 +85,7 @@ class CoefficientSet:
 
 
 _EXTRA_KEYS = ("supersedes", "validated", "unsupported",
-               # written by jkernel's calibration (issue 4): data source, fit quality
+               # written by jkernel's calibration (profile and step-trace fits): data source, fit quality
                "data_sha256", "rows", "heldout_error", "standard_error", "identifiable")
 
 

@@ -8,6 +8,7 @@ in the document layout, so ``parse(write(parse(doc))) == parse(doc)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,36 @@ import yaml
 from .. import limits as _limits
 from ._strict import Reader, read_yaml_file
 
-__all__ = ["DTYPE_BYTES", "ATTENTION_KINDS", "RECURRENT_KINDS", "EMIT_CONDITIONS", "Node",
+__all__ = ["DTYPE_BYTES", "AttentionKind", "RECURRENT_KINDS", "EMIT_CONDITIONS", "Node",
            "LayerKind", "Stack", "Speculator", "ModelGraph", "parse_graph", "load_graph",
            "graph_to_dict", "dump_graph"]
 
 #: Bytes per element, block scales excluded (documents.md §6.2).
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
                "nvfp4": 0.5, "mxfp4": 0.5, "int4": 0.5}
-ATTENTION_KINDS = ("gqa", "swa", "mla", "sparse_mla")
-LATENT_KINDS = ("mla", "sparse_mla")
+
+
+class AttentionKind(StrEnum):
+    """An attention node's ``kind`` (documents.md §6.3). A member equals its document
+    string (``AttentionKind.MLA == "mla"``) and hashes as it."""
+
+    GQA = "gqa"
+    SWA = "swa"
+    MLA = "mla"
+    SPARSE_MLA = "sparse_mla"
+
+    @property
+    def latent(self) -> bool:
+        """One shared latent per token instead of keys and values per KV head (MLA)."""
+        return self in (AttentionKind.MLA, AttentionKind.SPARSE_MLA)
+
+    @property
+    def dcp_shardable(self) -> bool:
+        """Decode context parallelism shards this kind's cache (step.md §6.9); a sliding
+        window's is not."""
+        return self is not AttentionKind.SWA
+
+
 RECURRENT_KINDS = ("mamba2", "kda", "gdn")
 EMIT_CONDITIONS = ("", "tensor_parallel", "expert_parallel", "tensor_parallel_unless_sp_moe")
 COLLECTIVE_OPS = ("AllReduce", "AllGather", "ReduceScatter", "All2All")
@@ -175,12 +197,12 @@ def _parse_node(data: Any, file: str | None, path: str) -> Node:
         raise r.error(other[0], f"{op} does not price {other[0]!r}; allowed on {op}: {priced}")
     node = Node(op=op, role=role, emit=emit, **values)
     if op == "Attention":
-        if node.kind not in ATTENTION_KINDS:
+        if node.kind not in tuple(AttentionKind):
             raise r.error("kind", f"unknown attention kind {node.kind!r}; allowed: "
-                          f"{', '.join(ATTENTION_KINDS)}")
+                          f"{', '.join(AttentionKind)}")
         if node.n_kv > node.n_q:
             raise r.error("n_kv", f"n_kv {node.n_kv} exceeds n_q {node.n_q}")
-        if node.kind in LATENT_KINDS and node.n_kv != 1:
+        if AttentionKind(node.kind).latent and node.n_kv != 1:
             raise r.error("n_kv", f"a {node.kind} attention holds one latent: n_kv must be 1")
         if node.kind == "swa" and not node.window:
             raise r.error("window", "required on a swa attention")

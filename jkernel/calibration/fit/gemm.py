@@ -1,7 +1,7 @@
 """GEMM efficiency ramp and HBM derate from per-GEMM timings (AIConfigurator ``gemm_perf``).
 
 Each measured GEMM ``[m, k] @ [k, n]`` of dtype ``s`` is predicted as ``expected_s`` prices
-one GEMM kernel (``../shared/spec/expected.md``), with :func:`jkernel.laws.gemm_times`::
+one GEMM kernel (``docs/spec/expected.md``), with :func:`jkernel.laws.gemm_times`::
 
     compute = 2·m·n·k / (P_s · ε(m, n, k))                     (step.md §2 ramp)
     memory  = (n·k·w_s + m·(n + k)·2) / (B_hbm · hbm_derate)    (weights + bf16 activations)

@@ -64,12 +64,13 @@ def _leave_out(residuals: pd.DataFrame, row) -> np.ndarray:
     return (residuals["deployment"] == row.deployment).to_numpy()
 
 
-def _draw_stats_residency(res, trace) -> tuple[dict, list[dict]]:
-    from .replay import measured_summary, predicted_summary
+def _residency_stats(result) -> dict:
+    """One replay's compared means of a residency-vllm run, as ``validation/replay.py``
+    compares them (its ITL counts the role and final chunks' gaps)."""
+    from .replay import predicted_summary
 
-    meas = measured_summary(trace)
-    return ({"all": {m: meas[m] for m in METRICS}},
-            [{"all": {m: predicted_summary(r)[m] for m in METRICS}} for r in res.results])
+    pred = predicted_summary(result)
+    return {"all": {m: pred[m] for m in METRICS}}
 
 
 def _group_stats(run, table: pd.DataFrame) -> dict:
@@ -89,7 +90,7 @@ def evaluate_run(kind: str, run, *, root: Path, error_model, draws: int, seeds: 
     from jkernel.uncertainty.intervals import interval
 
     from . import serving_runs as S
-    from .replay import SCENARIO
+    from .replay import SCENARIO, measured_summary
 
     t0 = time.perf_counter()
     if kind == "residency":
@@ -98,9 +99,10 @@ def evaluate_run(kind: str, run, *, root: Path, error_model, draws: int, seeds: 
         trace = pd.read_csv(root / folder / "trace.csv")
         res = replay_intervals(k, load_requests(root / folder / "trace.csv"), draws=draws,
                                error_model=error_model, seed=seed)
-        meas, per_draw = _draw_stats_residency(res, trace)
-        point = {"all": {m: v for m, v in _draw_stats_residency(
-            type("R", (), {"results": [res.point]})(), trace)[1][0]["all"].items()}}
+        measured = measured_summary(trace)
+        meas = {"all": {m: measured[m] for m in METRICS}}
+        per_draw = [_residency_stats(r) for r in res.results]
+        point = _residency_stats(res.point)
         label, source, group_names = name, "residency-vllm", {"all": "all"}
     else:
         k = S.open_kernel(run.scenario)

@@ -38,10 +38,11 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 #: The pages this script fills.
 PAGES = ("cli.md", "api.md", "concepts.md", "add-model.md", "README.md", "simulator.md",
-         "calibrate.md", "bulk.md", "workloads.md", "metrics.md")
+         "calibrate.md", "bulk.md", "workloads.md", "metrics.md", "intervals.md")
 #: The modules a marked ``python -m MODULE ...`` command may name (each has ``main(argv)``):
 #: the dataset studies of validation/, run as ``python -m`` runs them from the repository root.
-MODULES = ("validation.replay", "validation.stepreport")
+MODULES = ("validation.replay", "validation.stepreport", "validation.error_model",
+           "validation.coverage")
 
 MARKER = re.compile(r"<!-- output: (?P<cmd>[^\n]+?) -->\n```\n(?P<body>.*?)```\n", re.S)
 TABLE = re.compile(r"<!-- table: (?P<cmd>[^\n]+?) -->\n(?P<body>.*?)<!-- end table -->\n",

@@ -8,6 +8,7 @@
     jkernel replay SCENARIO --requests FILE [--out FILE]   # serve a request trace
     jkernel replay SCENARIO --workload SPEC.yaml [--concurrency N]
     jkernel replay SCENARIO --requests RESULT.json --compare   # against a benchmark run
+    jkernel replay SCENARIO --requests FILE --intervals 0.8    # prediction intervals
     jkernel plan MODEL --chip CHIP --gpus N --isl I --osl O [--ttft S] [--itl S] --rate R
 
 SCENARIO is a bundle path or the name of a scenario in the catalog. A disaggregated
@@ -361,13 +362,16 @@ def _cmd_replay(args) -> int:
     kw = dict(progress=progress, clock=args.clock, clients=clients,
               window=None if window.empty else window)
     if args.pool is not None or len(roles) == 1:
-        res = replay(open_pool(args.scenario, args.pool or 0), requests, **kw)
+        kernels = [open_pool(args.scenario, args.pool or 0)]
     elif sorted(roles) == ["decode", "prefill"]:
-        res = replay_disaggregated(open_pool(args.scenario, "prefill"),
-                                   open_pool(args.scenario, "decode"), requests, **kw)
+        kernels = [open_pool(args.scenario, "prefill"), open_pool(args.scenario, "decode")]
     else:
         raise ValueError(f"{args.scenario}: replay needs one pool or a prefill and a decode "
                          f"pool, not {', '.join(roles)}")
+    if args.intervals is not None:
+        return _replay_intervals(args, kernels, requests, kw, source, inputs)
+    res = (replay(kernels[0], requests, **kw) if len(kernels) == 1 else
+           replay_disaggregated(kernels[0], kernels[1], requests, **kw))
     comparison = None
     if run is not None and args.compare:
         from .replay.compare import compare, format_comparison
@@ -421,6 +425,53 @@ def _cmd_replay(args) -> int:
     return 0
 
 
+def _replay_intervals(args, kernels, requests, kw, source, inputs) -> int:
+    """``replay --intervals LEVEL``: the point replay and the intervals of every metric."""
+    from .replay.intervals import format_intervals, intervals_table, replay_intervals
+    from .uncertainty.errormodel import load_error_model
+
+    if args.compare:
+        raise ValueError("--intervals and --compare: compare the point replay first, then "
+                         "ask for intervals")
+    if not 0 < args.intervals < 1:
+        raise ValueError(f"--intervals {args.intervals}: allowed: a level in (0, 1), e.g. 0.8")
+    if args.draws < 2:
+        raise ValueError(f"--draws {args.draws}: allowed: 2 or more")
+    em = load_error_model(args.error_model) if args.error_model else None
+    ik = dict(level=args.intervals, draws=args.draws, error_model=em, clock=kw["clock"],
+              clients=kw["clients"], window=kw["window"], seed=args.seed)
+    target = kernels if len(kernels) > 1 else kernels[0]
+    if args.workload and args.rate is None:
+        from .replay import read_spec
+
+        res = replay_intervals(target, workload=read_spec(args.workload), seeds=args.seeds,
+                               **ik)
+    else:
+        if args.seeds is not None:
+            raise ValueError("--seeds needs --workload (a request file's arrivals are given)")
+        res = replay_intervals(target, requests, **ik)
+    if args.out:
+        out = args.out
+        if str(out).lower().endswith((".parquet", ".pq")):
+            res.point.requests.to_parquet(out, index=False)
+        else:
+            res.point.requests.to_csv(out, index=False)
+    if args.json:
+        doc = {"level": res.level, "draws": len(res.results),
+               "extrapolation": {"class": res.extrapolation.cls,
+                                 "flags": [f.__dict__ for f in res.extrapolation.flags]},
+               "error_model": res.error_model, "notes": list(res.notes),
+               "metrics": intervals_table(res).to_dict(orient="records")}
+        print(json.dumps(doc, indent=2, default=float))
+    else:
+        print(f"{inputs.scenario.name}: {len(requests)} requests from {source}; "
+              f"{res.level:.0%} prediction intervals")
+        print(format_intervals(res))
+        if args.out:
+            print(f"per-request table (the point replay): {args.out}")
+    return 0
+
+
 def _add_plan(sub) -> None:
     """``jkernel plan``: the deployment search (jkernel.search)."""
     s = sub.add_parser("plan", help="search the deployments of a model on a fleet for a "
@@ -444,6 +495,12 @@ def _add_plan(sub) -> None:
     s.add_argument("--replay-top", type=int, default=3,
                    help="candidates of each mode replayed after the pre-screen")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--sla-confidence", type=float, default=0.0, metavar="P",
+                   help="rank by P(every SLA target met) ≥ P instead of the point estimate "
+                        "(docs/intervals.md)")
+    s.add_argument("--sla-draws", type=int, default=16, metavar="K",
+                   help="draws of each replayed candidate's interval replay, which give "
+                        "P(SLA met) (0: none; default 16)")
     s.add_argument("--workers", type=int, default=0,
                    help="worker processes (default: one per core, at most 4)")
     s.add_argument("--ray", default=None, metavar="ADDRESS",
@@ -481,7 +538,8 @@ def _cmd_plan(args) -> int:
                       concurrency=args.concurrency, gpus_per_node=args.gpus_per_node,
                       fabric=args.fabric, modes=modes, requests=args.requests,
                       seed=args.seed, replay_top=args.replay_top, workers=workers,
-                      ray_address=args.ray, log=log)
+                      ray_address=args.ray, log=log, sla_confidence=args.sla_confidence,
+                      sla_draws=args.sla_draws)
     if args.csv:
         atomic.write_with(args.csv, lambda tmp: res.table.to_csv(tmp, index=False))
     if args.json:
@@ -566,6 +624,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="per-request table (.csv or .parquet)")
     s.add_argument("--clock", default="expected_s", choices=["expected_s", "no_overlap_s"])
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--intervals", type=float, default=None, metavar="LEVEL",
+                   help="prediction intervals at LEVEL (e.g. 0.8) for every metric, with "
+                        "the share of each source (docs/intervals.md)")
+    s.add_argument("--draws", type=int, default=32,
+                   help="with --intervals: draws replayed in lockstep (default 32)")
+    s.add_argument("--seeds", type=int, default=None,
+                   help="with --intervals and --workload: workload seeds drawn (default 4)")
+    s.add_argument("--error-model", default=None, metavar="FILE",
+                   help="with --intervals: an error-model document (default the catalog's)")
     s.set_defaults(fn=_cmd_replay)
     _add_plan(sub)
     return p

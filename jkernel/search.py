@@ -39,7 +39,14 @@ and scales by the pool's replicas; the replay runs the whole fleet's workload, w
 
 SLA: p90 TTFT and p90 ITL (every gap between two tokens of a request, pooled, as vLLM's
 benchmark counts ITL) of the replay at the requested load; a candidate meets it when both
-hold and the replay rejects no request. The ranking key ``tok_s_gpu`` is the steady-state
+hold and the replay rejects no request. Each replayed candidate is also replayed under
+``sla_draws`` draws of the constants, the model's structural error and the workload's
+seed (:func:`jkernel.replay.intervals.replay_intervals`), which give ``p_sla``, the
+probability that every target holds, and ``sla_margin``, the headroom of the binding
+target at the draws' central value (:mod:`jkernel.uncertainty.sla`). With
+``sla_confidence`` a candidate meets the SLA when ``p_sla`` is at least that instead
+(ranked by the same key among those); without it the point estimate decides, and the
+probability is printed beside it. The ranking key ``tok_s_gpu`` is the steady-state
 output rate per GPU within the SLA from the pre-screen (how much the deployment carries
 while meeting the targets); ``load_tok_s_gpu`` is the replay's steady-state rate at the
 requested load.
@@ -654,13 +661,26 @@ def clients(wl: Workload):
     return Clients(wl.concurrency) if wl.concurrency > 0 else None
 
 
+#: Workload seeds among the draws of a candidate's interval replay.
+SLA_SEEDS = 2
+#: The level of the intervals the table and the plot show.
+SLA_LEVEL = 0.8
+
+
 def replay_candidate(cand: Candidate, wl: Workload,
-                     repos: _catalog.Repos | None = None) -> dict:
+                     repos: _catalog.Repos | None = None, draws: int = 0,
+                     error_model=None) -> dict:
     """Replay ``cand`` (every engine and replica of its pools, as :mod:`jkernel.replay`
-    routes them) on the seeded workload; the replay summary's figures."""
+    routes them) on the seeded workload; the replay summary's figures. With ``draws``
+    (≥ 2) the replay is the point of an interval replay of that many draws over
+    :data:`SLA_SEEDS` workload seeds, and the figures add ``p_sla``, ``sla_margin``,
+    ``sla_binding`` and the :data:`SLA_LEVEL` intervals of TTFT p90 and ITL p50/p90
+    (``error_model``: default the catalog's)."""
     from . import replay as _replay
 
     kernels = [build_pool(cand, i, wl, repos) for i in range(len(cand.pools))]
+    if draws >= 2:
+        return _interval_figures(cand, wl, kernels, draws, error_model)
     reqs = workload(wl)
     if cand.mode == "colocated":
         res = _replay.replay(kernels[0], reqs, seed=wl.seed, clients=clients(wl))
@@ -668,6 +688,30 @@ def replay_candidate(cand: Candidate, wl: Workload,
         res = _replay.replay_disaggregated(kernels[0], kernels[1], reqs, seed=wl.seed,
                                            clients=clients(wl))
     return replay_figures(res, cand.fleet.gpus)
+
+
+def _interval_figures(cand: Candidate, wl: Workload, kernels: list, draws: int,
+                      error_model=None) -> dict:
+    from .replay.intervals import replay_intervals
+    from .uncertainty.sla import sla_probability
+
+    tables = [workload(replace(wl, seed=wl.seed + j)) for j in range(SLA_SEEDS)]
+    res = replay_intervals(kernels if len(kernels) > 1 else kernels[0], tables,
+                           level=SLA_LEVEL, draws=draws, clients=clients(wl), seed=wl.seed,
+                           error_model=error_model)
+    out = replay_figures(res.point, cand.fleet.gpus)
+    targets = {"ttft_p90_s": wl.ttft_s, "itl_p90_s": wl.itl_s}
+    values = {m: np.asarray(res.metrics[m].draws) for m in targets}
+    sla = sla_probability(values, targets)
+    rejected = any(r.summary.get("rejected", 0) for r in res.results)
+    out.update(p_sla=0.0 if rejected or out["rejected"] else sla.probability,
+               p_sla_draws=sla.fraction, sla_margin=sla.margin, sla_binding=sla.binding,
+               sla_draws=draws, extrapolation=res.extrapolation.cls)
+    for m in ("ttft_p90_s", "itl_p50_s", "itl_p90_s"):
+        iv = res.metrics[m]
+        out[m.replace("_s", "_low_s")] = iv.low
+        out[m.replace("_s", "_high_s")] = iv.high
+    return out
 
 
 def replay_figures(res, gpus: int) -> dict:
@@ -704,28 +748,35 @@ def replay_figures(res, gpus: int) -> dict:
 # Ranking and the front
 # ---------------------------------------------------------------------------------------
 
-def _meets(row: dict, wl: Workload) -> bool:
+def _meets(row: dict, wl: Workload, confidence: float = 0.0) -> bool:
     if row.get("refused") or not row.get("replayed"):
         return False
     if row.get("rejected"):
         return False
-    if wl.ttft_s > 0 and not row["ttft_p90_s"] <= wl.ttft_s:
-        return False
-    if wl.itl_s > 0 and not row["itl_p90_s"] <= wl.itl_s:
-        return False
+    if confidence > 0:
+        p = row.get("p_sla", math.nan)
+        if not (isinstance(p, float) and p >= confidence):
+            return False
+    else:
+        if wl.ttft_s > 0 and not row["ttft_p90_s"] <= wl.ttft_s:
+            return False
+        if wl.itl_s > 0 and not row["itl_p90_s"] <= wl.itl_s:
+            return False
     return row.get("tok_s_gpu", 0) > 0
 
 
-def rank(rows: list[dict], wl: Workload):
+def rank(rows: list[dict], wl: Workload, confidence: float = 0.0):
     """The table, best first: SLA meeters by tokens/s/GPU, then the other built
-    candidates, then the refused ones (each group in a stable, deterministic order)."""
+    candidates, then the refused ones (each group in a stable, deterministic order). With
+    ``confidence`` a candidate meets the SLA when its ``p_sla`` is at least that."""
     import pandas as pd
 
     for r in rows:
-        r["meets_sla"] = _meets(r, wl)
+        r["meets_sla"] = _meets(r, wl, confidence)
     df = pd.DataFrame(rows)
     for col in ("tok_s_gpu", "capacity_tok_s_gpu", "ttft_p50_s", "ttft_p90_s", "itl_p50_s",
-                "itl_p90_s", "est_itl_s", "est_ttft_s", "load_tok_s_gpu"):
+                "itl_p90_s", "est_itl_s", "est_ttft_s", "load_tok_s_gpu", "p_sla",
+                "sla_margin"):
         if col not in df:
             df[col] = np.nan
     for col in ("replayed", "overloaded"):
@@ -769,6 +820,7 @@ class PlanResult:
     model: str
     seconds: float = 0.0
     candidates: dict = field(default_factory=dict)   # configuration label → Candidate
+    sla_confidence: float = 0.0                      # 0: the point estimate decides
 
     def candidate(self, configuration: str) -> Candidate:
         """The :class:`Candidate` of a table row (its ``bundle()`` are the documents)."""
@@ -785,6 +837,7 @@ class PlanResult:
 
         return {"model": self.model, "fleet": asdict(self.fleet),
                 "workload": asdict(self.workload), "reason": self.reason,
+                "sla_confidence": self.sla_confidence,
                 "seconds": self.seconds,
                 "table": json.loads(self.table.to_json(orient="records")),
                 "front": json.loads(self.front.to_json(orient="records"))}
@@ -806,8 +859,8 @@ def _screen_task(args):
 
 
 def _replay_task(args):
-    cand, wl, repos = args
-    return replay_candidate(cand, wl, repos)
+    cand, wl, repos, draws = args
+    return replay_candidate(cand, wl, repos, draws)
 
 
 @contextlib.contextmanager
@@ -916,9 +969,10 @@ class _Runner:
 def evaluate(cands: Sequence[Candidate], wl: Workload, *, replay_top: int = 3,
              workers: int = 1, ray_address: str | None = None,
              repos: _catalog.Repos | None = None, log: Callable[[str], None] | None = None,
-             replay: bool = True) -> list[dict]:
+             replay: bool = True, sla_draws: int = 0) -> list[dict]:
     """Pre-screen every candidate, replay the ``replay_top`` most promising of each mode
-    (by SLA-bound tokens/s/GPU among those not overloaded), and return the rows."""
+    (by SLA-bound tokens/s/GPU among those not overloaded; with ``sla_draws`` draws of
+    their intervals), and return the rows."""
     log = log or (lambda s: None)
     cands = list(cands)
     t0 = time.perf_counter()
@@ -964,9 +1018,11 @@ def evaluate(cands: Sequence[Candidate], wl: Workload, *, replay_top: int = 3,
             r = rows[chosen[j]]
             log(f"[replay {count[0]}/{len(chosen)} {time.perf_counter() - t0:6.1f}s] "
                 f"{r['configuration']}: TTFT p90 {res['ttft_p90_s']:.3f} s, ITL p90 "
-                f"{res['itl_p90_s'] * 1e3:.1f} ms")
+                f"{res['itl_p90_s'] * 1e3:.1f} ms"
+                + (f", P(SLA met) {res['p_sla']:.2f}" if "p_sla" in res else ""))
 
-        results = run.map(_replay_task, [(cands[i], wl, repos) for i in chosen], replayed)
+        results = run.map(_replay_task, [(cands[i], wl, repos, sla_draws) for i in chosen],
+                          replayed)
     for i, res in zip(chosen, results):
         rows[i].update(res)
     return rows
@@ -979,11 +1035,13 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
          tps: Sequence[int] | None = None, dps: Sequence[int] | None = None,
          requests: int = 0, seed: int = 0, replay_top: int = 3,
          workers: int = 1, ray_address: str | None = None,
-         repos: _catalog.Repos | None = None, log: Callable[[str], None] | None = None
-         ) -> PlanResult:
+         repos: _catalog.Repos | None = None, log: Callable[[str], None] | None = None,
+         sla_confidence: float = 0.0, sla_draws: int = 16) -> PlanResult:
     """Search the deployments of ``model`` on ``gpus`` × ``chip`` for the workload shape
     (``isl``/``osl`` tokens) at a load (``rate`` requests/s, or ``concurrency``) under the
-    SLA (p90 ``ttft_s`` and ``itl_s`` in seconds; 0 = no target). Raises
+    SLA (p90 ``ttft_s`` and ``itl_s`` in seconds; 0 = no target). ``sla_draws``: draws of
+    each replayed candidate's interval replay (``p_sla``; 0: none); ``sla_confidence``
+    (in (0, 1)): rank by that probability instead of the point estimate. Raises
     :class:`~jkernel.Refusal` for an unknown model or chip or a fleet that is not whole
     nodes; every other outcome is in the table."""
     t0 = time.perf_counter()
@@ -1003,6 +1061,15 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
                       field="rate")
     if ttft_s < 0 or itl_s < 0:
         raise Refusal("R4", "TTFT and ITL targets are seconds ≥ 0", field="ttft")
+    if not (0.0 <= sla_confidence < 1.0) or math.isnan(sla_confidence):
+        raise Refusal("R4", f"sla_confidence is a probability in [0, 1), got {sla_confidence}",
+                      field="sla_confidence")
+    if sla_confidence > 0 and sla_draws < 2:
+        raise Refusal("R4", "sla_confidence needs sla_draws ≥ 2 (the draws give the "
+                      "probability)", field="sla_draws")
+    if sla_draws < 0 or sla_draws == 1:
+        raise Refusal("R4", f"sla_draws is 0 (no probability) or ≥ 2, got {sla_draws}",
+                      field="sla_draws")
     _model_facts(model, repos)
     if requests <= 0:
         # long enough for a steady state: a minute of arrivals (at least 300 requests)
@@ -1020,17 +1087,21 @@ def plan(model: str, *, chip: str, gpus: int, isl: int, osl: int, ttft_s: float 
             f"({fl.nodes} node{'s' if fl.nodes > 1 else ''} of "
             f"{min(fl.gpus, fl.gpus_per_node)})")
     rows = evaluate(cands, wl, replay_top=replay_top, workers=workers,
-                    ray_address=ray_address, repos=repos, log=log)
-    table = rank(rows, wl)
+                    ray_address=ray_address, repos=repos, log=log, sla_draws=sla_draws)
+    table = rank(rows, wl, sla_confidence)
     meet = table[table["meets_sla"]]
     front = pareto_front(meet)
-    reason = "" if not front.empty else _empty_reason(table, wl)
+    reason = "" if not front.empty else _empty_reason(table, wl, sla_confidence)
     return PlanResult(table, front, reason, wl, fl, model, time.perf_counter() - t0,
-                      {c.label(): c for c in cands})
+                      {c.label(): c for c in cands}, sla_confidence)
 
 
-def _empty_reason(table, wl: Workload) -> str:
+def _empty_reason(table, wl: Workload, confidence: float = 0.0) -> str:
     built = table[table["refused"] == ""]
+    if confidence > 0 and "p_sla" in table and table["p_sla"].notna().any():
+        best = table["p_sla"].max()
+        return (f"no replayed candidate meets every target with probability ≥ "
+                f"{confidence:g} (the highest is {best:.2f})")
     if built.empty:
         return "every candidate was refused: " + "; ".join(
             sorted(set(table["refused"]))[:3])
@@ -1071,7 +1142,8 @@ def mode_fronts(result: PlanResult) -> dict:
 def plot_front(result: PlanResult, path: str | None = None, ax=None):
     """Each mode's front of output tokens/s/GPU against ITL (pre-screen curves, steady
     state) as a line, and the replayed candidates as points at the offered load per GPU
-    and their replayed ITL p50; saved to ``path`` when given. Needs matplotlib (an
+    and their replayed ITL p50 with its :data:`SLA_LEVEL` interval where the candidate
+    was replayed with draws; saved to ``path`` when given. Needs matplotlib (an
     optional dependency)."""
     try:
         import matplotlib
@@ -1100,6 +1172,12 @@ def plot_front(result: PlanResult, path: str | None = None, ax=None):
         if not d.empty and offered > 0:
             ax.scatter(d["itl_p50_s"] * 1e3, np.full(len(d), offered), marker=marker,
                        color=color, label=f"{mode} replayed at the load (ITL p50)")
+            if "itl_p50_low_s" in d and d["itl_p50_low_s"].notna().any():
+                x = d["itl_p50_s"].to_numpy(float) * 1e3
+                err = np.abs(np.vstack([x - d["itl_p50_low_s"].to_numpy(float) * 1e3,
+                                        d["itl_p50_high_s"].to_numpy(float) * 1e3 - x]))
+                ax.errorbar(x, np.full(len(d), offered), xerr=err, fmt="none", color=color,
+                            capsize=3, lw=1, label=f"{mode}: {SLA_LEVEL:.0%} interval")
     if result.workload.itl_s:
         ax.axvline(result.workload.itl_s * 1e3, color="grey", ls="--", lw=1, label="ITL target")
     ax.set_xlabel("ITL (ms)")
@@ -1127,15 +1205,19 @@ def format_table(result: PlanResult, every: bool = False, top: int = 15) -> str:
                                 f"ITL p90 ≤ {wl.itl_s * 1e3:g} ms" if wl.itl_s else "") if s)
     t = result.table
     built = t[t["refused"] == ""]
+    conf = result.sla_confidence
+    rule = (f"meets the SLA: P(every target met) ≥ {conf:g}" if conf > 0 else
+            "meets the SLA: the point estimate; P = probability every target is met")
     lines = [f"{result.model} on {fl.gpus} × {fl.chip} ({fl.nodes} node(s)); isl {wl.isl}, "
              f"osl {wl.osl}, {load}; SLA: {sla or 'none'}; {wl.requests} requests replayed "
-             f"per candidate (seed {wl.seed})",
+             f"per candidate (seed {wl.seed}); {rule}",
              f"{len(t)} candidates: {len(built)} built, {len(t) - len(built)} refused, "
              f"{int(t['replayed'].sum())} replayed, {int(t['meets_sla'].sum())} meet the "
              f"SLA; {result.seconds:.1f} s", ""]
     show = t if every else built.head(top)
     hdr = (f"{'#':>3} {'configuration':<40} {'tok/s/GPU':>9} {'TTFT p50':>9} {'p90':>7} "
-           f"{'ITL p50':>8} {'p90':>7} {'bottleneck':<14} {'KV tokens':>10}  SLA")
+           f"{'ITL p50':>8} {'p90':>7} {'bottleneck':<14} {'KV tokens':>10}  SLA "
+           f"{'P':>5} {'margin':>7}")
     lines.append(hdr)
 
     def f(x, scale=1.0, fmt="{:.3f}"):
@@ -1150,7 +1232,9 @@ def format_table(result: PlanResult, every: bool = False, top: int = 15) -> str:
             f"{f(r['ttft_p50_s']):>9} {f(r['ttft_p90_s']):>7} "
             f"{f(r['itl_p50_s'], 1e3, '{:.1f}ms'):>8} {f(r['itl_p90_s'], 1e3, '{:.1f}ms'):>7} "
             f"{str(r['bottleneck']):<14} {int(r['kv_tokens']):>10,d}  "
-            f"{'yes' if r['meets_sla'] else ('no' if r['replayed'] else 'not replayed')}")
+            f"{'yes' if r['meets_sla'] else ('no' if r['replayed'] else 'not replayed'):<3}"
+            f" {f(r.get('p_sla', math.nan), fmt='{:.2f}'):>5} "
+            f"{f(r.get('sla_margin', math.nan), 100, '{:+.0f}%'):>7}")
     if not every and len(t) - len(built):
         reasons = t[t["refused"] != ""]["refused"].value_counts()
         lines.append(f"refused ({len(t) - len(built)}):")
@@ -1162,6 +1246,10 @@ def format_table(result: PlanResult, every: bool = False, top: int = 15) -> str:
     else:
         lines.append("Pareto front (tokens/s/GPU against ITL p50, SLA meeters):")
         for _, r in result.front.iterrows():
+            band = ""
+            if isinstance(r.get("itl_p50_low_s"), float) and math.isfinite(r["itl_p50_low_s"]):
+                band = (f" [{r['itl_p50_low_s'] * 1e3:.1f}, {r['itl_p50_high_s'] * 1e3:.1f}] "
+                        f"({SLA_LEVEL:.0%}), P(SLA met) {r['p_sla']:.2f}")
             lines.append(f"  {r['configuration']:<40} {r['tok_s_gpu']:8.0f} tok/s/GPU  ITL "
-                         f"p50 {r['itl_p50_s'] * 1e3:.1f} ms")
+                         f"p50 {r['itl_p50_s'] * 1e3:.1f} ms{band}")
     return "\n".join(lines)

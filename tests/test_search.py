@@ -299,3 +299,60 @@ def test_ray_local_cluster_gives_the_single_process_table(small):
         cluster.shutdown()
     cols = [c for c in small.table.columns]
     assert res.table[cols].equals(small.table[cols])
+
+
+# -- plans by probability ------------------------------------------------------------------
+
+def test_replayed_candidates_carry_the_probability_and_margin(small):
+    t = small.table
+    rep = t[t["replayed"]]
+    assert len(rep) and rep["p_sla"].between(0.0, 1.0).all()
+    assert rep["sla_margin"].notna().all() and (rep["sla_draws"] == 16).all()
+    assert (rep["itl_p50_low_s"] <= rep["itl_p50_s"] * 1.5).all()
+    assert t[~t["replayed"]]["p_sla"].isna().all()
+    text = search.format_table(small)
+    assert "P = probability every target is met" in text
+
+
+def _prob_rows():
+    def r(name, tok, p, replayed=True):
+        return {"configuration": name, "mode": "colocated", "refused": "", "tok_s_gpu": tok,
+                "itl_p50_s": 0.02, "itl_p90_s": 0.03, "ttft_p90_s": 0.5, "ttft_p50_s": 0.4,
+                "replayed": replayed, "rejected": 0, "p_sla": p, "sla_margin": 0.1}
+    return [r("A", 300.0, 0.55), r("B", 200.0, 0.95), r("C", 150.0, 0.99),
+            r("D", 400.0, math.nan, False)]
+
+
+def test_sla_confidence_ranks_by_cost_among_the_likely_meeters():
+    wl = _wl(itl_s=0.05)
+    # point estimates: A, B and C all meet; by probability at 0.9 only B and C
+    t = search.rank(_prob_rows(), wl)
+    assert list(t["configuration"][:3]) == ["A", "B", "C"] and t["meets_sla"][:3].all()
+    t = search.rank(_prob_rows(), wl, confidence=0.9)
+    assert list(t["configuration"]) == ["B", "C", "D", "A"]
+    assert list(t["meets_sla"]) == [True, True, False, False]
+    with pytest.raises(Refusal, match="probability"):
+        search.plan("llama-3.1-8b-instruct", chip="h100", gpus=1, isl=10, osl=10, rate=1.0,
+                    sla_confidence=1.5)
+
+
+def test_a_candidate_whose_point_estimate_just_meets_the_sla_has_probability_near_one_half():
+    """The ITL target is set to the candidate's own point estimate of p90 ITL; with an
+    error model that is unbiased (no bias, no per-step jitter, no front end) the draws
+    fall on either side of it about equally."""
+    from jkernel.regimes import REGIMES
+    from jkernel.uncertainty.errormodel import (CLASSES, ErrorModel, FittedRange, FrontEnd,
+                                                Spread)
+
+    em = ErrorModel("symmetric", tuple(Spread(0.0, 0.0) for _ in REGIMES),
+                    {c: tuple(Spread(0.0, 0.05) for _ in REGIMES) for c in CLASSES},
+                    FrontEnd(0.0, 0.0), FittedRange())
+    fl = search.fleet("h100", 1)
+    cand = search.Candidate("llama-3.1-8b-instruct", fl, (search.PoolSpec("colocated", 1, 1),))
+    wl = _wl(isl=512, osl=32, rate=4.0, requests=60, ttft_s=0.0, itl_s=0.05)
+    point = search.replay_candidate(cand, wl)
+    wl = _wl(isl=512, osl=32, rate=4.0, requests=60, ttft_s=0.0, itl_s=point["itl_p90_s"])
+    fig = search.replay_candidate(cand, wl, draws=32, error_model=em)
+    assert fig["itl_p90_s"] == point["itl_p90_s"]
+    assert fig["p_sla"] == pytest.approx(0.5, abs=0.2)
+    assert abs(fig["sla_margin"]) < 0.05 and fig["sla_binding"] == "itl_p90_s"

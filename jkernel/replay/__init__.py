@@ -14,20 +14,24 @@ with ``step_time`` and the overhead methods, and the kernel knows nothing of it.
 replica's vLLM v0.31.0 scheduler and KV blocks), :mod:`~jkernel.replay.sim` (the event loop),
 :mod:`~jkernel.replay.api` (the entry points), :mod:`~jkernel.replay.clients` (closed-loop
 clients, sessions, the warm-up/cool-down window), :mod:`~jkernel.replay.spec` (workload
-specs), :mod:`~jkernel.replay.formats` (benchmark clients' result files) and
-:mod:`~jkernel.replay.metrics` (the clients' metric definitions). The replay of the measured
-residency-vllm runs against the client's timings is a dataset study: ``validation/replay.py``
-at the repository root.
+specs), :mod:`~jkernel.replay.formats` (benchmark clients' result files),
+:mod:`~jkernel.replay.metrics` (the clients' metric definitions),
+:mod:`~jkernel.replay.lockstep` (many variants of one replay stepped together) and
+:mod:`~jkernel.replay.intervals` (prediction intervals, docs/intervals.md). The replay
+of the measured residency-vllm runs against the client's timings is a dataset study:
+``validation/replay.py`` at the repository root.
 """
 
 from .api import ReplayResult, format_summary, replay, replay_disaggregated, summarize
 from .clients import Clients, Window
 from .compare import Comparison, compare, format_comparison
 from .formats import BenchmarkRun, read_benchmark
+from .intervals import IntervalReplay, format_intervals, replay_intervals
 from .spec import GeneratedWorkload, WorkloadSpec, load_workload, read_spec
 from .workload import REQUIRED, load_requests, validate_requests
 
 __all__ = ["replay", "replay_disaggregated", "ReplayResult", "load_requests",
            "validate_requests", "summarize", "format_summary", "REQUIRED", "Clients",
            "Window", "load_workload", "read_spec", "WorkloadSpec", "GeneratedWorkload",
-           "read_benchmark", "BenchmarkRun", "compare", "Comparison", "format_comparison"]
+           "read_benchmark", "BenchmarkRun", "compare", "Comparison", "format_comparison",
+           "replay_intervals", "IntervalReplay", "format_intervals"]

@@ -15,7 +15,8 @@ from .scheduler import PoolLimits
 from .sim import Pool, Simulation, StepRecord, ticks
 from .workload import validate_requests
 
-__all__ = ["ReplayResult", "replay", "replay_disaggregated", "summarize", "format_summary"]
+__all__ = ["ReplayResult", "replay", "replay_disaggregated", "summarize", "format_summary",
+           "Prepared", "prepare"]
 
 #: Summary keys for each latency: mean and percentiles, seconds.
 STATS = ("mean", "p50", "p90", "p99")
@@ -176,9 +177,56 @@ def _progress_bar(show: bool, total: int):
     return tqdm(total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5)
 
 
-def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
-         clients: Clients | None = None, window: Window | None = None,
-         record: bool = False) -> ReplayResult:
+@dataclass
+class Prepared:
+    """A request table checked and refused as the replay reads it, ready to become one or
+    more :class:`~jkernel.replay.sim.Simulation` s (:meth:`simulation`) whose results
+    :meth:`result` collects. ``keep``: the rows replayed (not rejected)."""
+
+    df: pd.DataFrame
+    rejected: np.ndarray
+    reasons: list
+    keep: np.ndarray
+    arrival_us: np.ndarray
+    hashes: list | None
+    sessions: object
+    clients: Clients | None
+    window: Window | None
+
+    def simulation(self, pools: list[Pool], progress: bool = False, *,
+                   cls: type = Simulation, record: bool = False) -> Simulation:
+        """A fresh simulation (of class ``cls``) of the kept requests on ``pools``, with its
+        own client loop (closed-loop clients and sessions keep state per simulation);
+        ``record``: keep each step's batch (:class:`~jkernel.replay.sim.StepRecord`)."""
+        keep, sessions, clients = self.keep, self.sessions, self.clients
+        loop = None
+        if self.looped:
+            loop = ClientLoop(self.arrival_us[keep],
+                              None if sessions is None else sessions.session[keep],
+                              None if sessions is None else
+                              np.array([ticks(x) for x in sessions.think_s[keep]], np.int64),
+                              clients or Clients())
+        df = self.df
+        return cls(pools, self.arrival_us[keep], df["input_tokens"].to_numpy()[keep],
+                   df["output_tokens"].to_numpy()[keep],
+                   None if self.hashes is None else [self.hashes[i] for i in keep],
+                   progress=_progress_bar(progress, len(keep)), clients=loop,
+                   record=record)
+
+    @property
+    def looped(self) -> bool:
+        """Whether a client loop decides the sends (closed-loop clients or sessions)."""
+        return (self.clients is not None and self.clients.closed) or self.sessions is not None
+
+    def result(self, sim: Simulation) -> ReplayResult:
+        """The :class:`ReplayResult` of a finished simulation of these requests."""
+        return _collect(self, sim)
+
+
+def prepare(pools: list[Pool], requests: pd.DataFrame, clients: Clients | None = None,
+            window: Window | None = None) -> Prepared:
+    """Check ``requests`` and the pools' start-up, and refuse what vLLM would refuse
+    (:class:`Prepared`); nothing is simulated yet."""
     source = getattr(requests, "attrs", {}).get("source", "requests")
     df = validate_requests(requests, source=source)
     if clients is not None and not isinstance(clients, Clients):
@@ -194,19 +242,23 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     keep = np.flatnonzero(~rejected)
     arrival_us = np.array([ticks(x) for x in df["arrival_s"].to_numpy()], np.int64)
     hashes = _hashes(df, pools[0].limits.block_size)
-    loop = None
-    if (clients is not None and clients.closed) or sessions is not None:
-        loop = ClientLoop(arrival_us[keep],
-                          None if sessions is None else sessions.session[keep],
-                          None if sessions is None else
-                          np.array([ticks(x) for x in sessions.think_s[keep]], np.int64),
-                          clients or Clients())
-    sim = Simulation(pools, arrival_us[keep], df["input_tokens"].to_numpy()[keep],
-                     df["output_tokens"].to_numpy()[keep],
-                     None if hashes is None else [hashes[i] for i in keep],
-                     progress=_progress_bar(progress, len(keep)), clients=loop,
-                     record=record)
+    return Prepared(df, rejected, reasons, keep, arrival_us, hashes, sessions, clients,
+                    window)
+
+
+def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
+         clients: Clients | None = None, window: Window | None = None,
+         record: bool = False) -> ReplayResult:
+    prep = prepare(pools, requests, clients, window)
+    sim = prep.simulation(pools, progress, record=record)
     sim.run()
+    return prep.result(sim)
+
+
+def _collect(prep: Prepared, sim: Simulation) -> ReplayResult:
+    df, keep, rejected, reasons = prep.df, prep.keep, prep.rejected, prep.reasons
+    arrival_us, window = prep.arrival_us, prep.window
+    looped = prep.looped
     n = len(df)
     rec = sim.record
     if rec is not None:                          # steps per row of the input table
@@ -221,7 +273,7 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     cached = np.zeros(n, np.int64)
     token_gaps = [_NO_GAPS] * n
     sent_us = arrival_us.copy()
-    if loop is not None:
+    if looped:
         sent_us[keep] = sim.arrival_us
     for j, i in enumerate(keep):
         times = sim.tokens_us[j]
@@ -236,7 +288,7 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
     arrival = sent_us / 1e6
     out = pd.DataFrame({
         "request_id": df["request_id"].to_numpy(),
-        "arrival_s": df["arrival_s"].to_numpy() if loop is None else arrival,
+        "arrival_s": arrival if looped else df["arrival_s"].to_numpy(),
         "input_tokens": df["input_tokens"].to_numpy(),
         "output_tokens": df["output_tokens"].to_numpy(),
         "ttft_s": first - arrival,
@@ -251,7 +303,7 @@ def _run(pools: list[Pool], requests: pd.DataFrame, progress: bool,
         "rejected": rejected,
         "reject_reason": reasons,
     })
-    if loop is not None:
+    if looped:
         out["scheduled_s"] = df["arrival_s"].to_numpy()
     measured = None
     if window is not None and not window.empty:

@@ -137,20 +137,26 @@ class Pool:
             if self.keep_batch:
                 self.last_batch = (sched, comp, 0)
             return step_ticks(self._price(sched, comp, 0))
-        tokens = [sum(x[1] for x in b) for b in per_replica]
-        top = max(tokens)
         worst, slowest = 0.0, None
-        for b, t in zip(per_replica, tokens):
-            pad = top - t
-            if not b and pad == 0:
-                continue
-            sched, comp = [x[1] for x in b], [x[2] for x in b]
-            s = self._price(sched, comp, pad)
+        for row in self.rows(per_replica):
+            s = self._price(*row)
             if slowest is None or s > worst:
-                worst, slowest = s, (sched, comp, pad)
+                worst, slowest = s, row
         if self.keep_batch:
             self.last_batch = slowest
         return step_ticks(worst)
+
+    def rows(self, per_replica: list) -> list:
+        """The batches one engine step prices: ``(scheduled, computed, pad_tokens)`` per
+        replica that runs something, each padded to the busiest replica's token count
+        (``pad_tokens``); the step lasts as long as the slowest of them."""
+        if self.dp == 1:
+            b = per_replica[0]
+            return [([x[1] for x in b], [x[2] for x in b], 0)]
+        tokens = [sum(x[1] for x in b) for b in per_replica]
+        top = max(tokens)
+        return [([x[1] for x in b], [x[2] for x in b], top - t)
+                for b, t in zip(per_replica, tokens) if b or top - t]
 
 
 class StepRecord:
@@ -235,43 +241,51 @@ class Simulation:
         self._push(t + entry.admission_us(p), _ARRIVE, (entry, None, seq))
 
     def run(self) -> "Simulation":
+        self._start()
+        heap = self._heap
+        pop = heapq.heappop
+        handle = self._handle
+        while heap:
+            handle(*pop(heap))
+        if self._progress is not None:
+            self._progress.close()
+        return self
+
+    def _start(self) -> None:
+        """Every request's send (or the clients' first sends) onto the event heap."""
         if self._clients is None:
             for rid in range(self.n):
                 self._send(rid, int(self.arrival_us[rid]))
         else:
             for rid, t in self._clients.start():
                 self._send(rid, t)
-        heap = self._heap
-        pop = heapq.heappop
-        while heap:
-            t, kind, _, obj = pop(heap)
-            if kind == _STEP_END:
+
+    def _handle(self, t: int, kind: int, _seq: int, obj) -> None:
+        """One event of the heap at ``t``."""
+        if kind == _STEP_END:
+            self._step(obj, t)
+        elif kind == _ARRIVE:
+            pool, engine, seq = obj
+            if engine is None:
+                engine = pool.least_loaded_engine()
+            replica = engine.least_loaded_replica()
+            seq.replica = replica
+            replica.waiting.append(seq)
+            if not engine.busy and not engine.waking:
+                engine.waking = True
+                self._push(t, _WAKE, engine)
+        elif kind == _WAKE:
+            obj.waking = False
+            if not obj.busy:
                 self._step(obj, t)
-            elif kind == _ARRIVE:
-                pool, engine, seq = obj
-                if engine is None:
-                    engine = pool.least_loaded_engine()
-                replica = engine.least_loaded_replica()
-                seq.replica = replica
-                replica.waiting.append(seq)
-                if not engine.busy and not engine.waking:
-                    engine.waking = True
-                    self._push(t, _WAKE, engine)
-            elif kind == _WAKE:
-                obj.waking = False
-                if not obj.busy:
-                    self._step(obj, t)
-            else:                                  # a KV transfer has landed
-                seq, engine = obj
-                seq.replica.release(seq)
-                dec = self.pools[1]
-                dseq = Seq(seq.rid, seq.prompt, int(self.output[seq.rid]),
-                           computed=seq.prompt - 1)
-                dseq.preemptions = seq.preemptions
-                self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
-        if self._progress is not None:
-            self._progress.close()
-        return self
+        else:                                      # a KV transfer has landed
+            seq, engine = obj
+            seq.replica.release(seq)
+            dec = self.pools[1]
+            dseq = Seq(seq.rid, seq.prompt, int(self.output[seq.rid]),
+                       computed=seq.prompt - 1)
+            dseq.preemptions = seq.preemptions
+            self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
 
     def _schedule(self, engine: Engine):
         per = [r.schedule() for r in engine.replicas]
@@ -279,6 +293,13 @@ class Simulation:
 
     def _step(self, engine: Engine, t: int) -> None:
         """End of ``engine``'s step at ``t`` (or a wake-up): outputs, then the next step."""
+        cur = self._next_batch(engine, t)
+        if cur is not None:
+            self._launch(engine, t, cur, engine.pool.price(cur))
+
+    def _next_batch(self, engine: Engine, t: int):
+        """The first half of :meth:`_step`: the finished step's outputs, then the batch of
+        the next step (per replica), or None when the engine goes idle."""
         if engine.inflight is not None:
             self._outputs(engine, engine.inflight, t)
             engine.inflight = None
@@ -289,8 +310,12 @@ class Simulation:
             cur = self._schedule(engine)
         if cur is None:
             engine.busy = False
-            return
-        dur = pool.price(cur)
+        return cur
+
+    def _launch(self, engine: Engine, t: int, cur, dur: int) -> None:
+        """The second half of :meth:`_step`: batch ``cur`` runs from ``t`` for ``dur`` ticks
+        (its end is an event), and under async scheduling the step after it is scheduled."""
+        pool = engine.pool
         engine.busy = True
         engine.inflight = cur
         self._push(t + dur, _STEP_END, engine)

@@ -7,8 +7,9 @@ the file, an :class:`jkernel.ArgumentError` naming the argument, or a ``ValueErr
 message starts with the request file; on the command line, exit status 2 and one
 ``jkernel: …`` line.
 
-Bounded in time: few examples each, derandomized (the same inputs every run), a deadline
-per example, one compiled step program (a single request bucket), so the file costs
+Bounded in time: few examples each, derandomized (the same inputs every run), no deadline
+(a first call compiles, and a loaded machine is slow: time is measured in ``benchmarks/``, not
+asserted here), one compiled step program (a single request bucket), so the file costs
 seconds of CPU (docs/limits.md lists the limits these inputs run into).
 """
 
@@ -40,7 +41,7 @@ BUNDLE = ROOT / "catalog" / "scenarios" / f"{SCENARIO}.yaml"
 GRAPH = ROOT / "catalog" / "models" / "llama-3.1-8b-instruct" / "graph.yaml"
 SLACK = 1 - 1e-12
 
-FUZZ = settings(max_examples=40, deadline=2000, derandomize=True, database=None,
+FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
@@ -291,7 +292,7 @@ def command_lines(draw):
     return argv
 
 
-@settings(max_examples=60, deadline=10_000, derandomize=True, database=None,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(argv=command_lines())
 def test_any_command_line_answers_or_refuses_without_a_traceback(argv, tmp_path_factory,

@@ -95,14 +95,13 @@ def test_context_parallel_steps_do_not_get_cheaper_with_more_work(name, thr, bas
 
 
 def test_the_edges_keep_the_reference_non_monotone_switch():
-    """Parity: the reference's overlap edge drops from 16.70 ms to 15.46 ms when the
-    request turns prefill (step.md prices no context read for a prefill); jkernel keeps it
-    behind the edges and nothing of its own depends on it."""
+    """Parity: the reference's overlap edge drops (by about a millisecond at the shipped
+    H100 constants) when the request turns prefill (step.md prices no context read for a
+    prefill); jkernel keeps it behind the edges and nothing of its own depends on it."""
     k = catalog_kernel("llama-3.1-70b-h100-tp4")
     a = k.step_time(Batch.from_spec("1x1@20765"))
     b = k.step_time(Batch.from_spec("1x2@20765"))
-    assert a.overlap_s == pytest.approx(16.70e-3, abs=5e-6)
-    assert b.overlap_s == pytest.approx(15.46e-3, abs=5e-6)
+    assert b.overlap_s < a.overlap_s - 0.5e-3
     assert b.expected_s >= a.expected_s
 
 

@@ -5,8 +5,8 @@ anything; the second test checks that they were. Executing them is slow (each ta
 three minutes on two CPU cores), so the test is marked ``slow``, and it still runs by default:
 deselect it with ``-m "not slow"``.
 
-The budget per notebook is three minutes on two dedicated cores; the check below allows twice
-that (``JKERNEL_NOTEBOOK_BUDGET_S``, seconds) because CI machines are shared.
+Each prints how long it took; speed is not asserted here (a loaded machine is slow), only
+that every cell runs, within nbclient's per-cell timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-BUDGET_S = float(os.environ.get("JKERNEL_NOTEBOOK_BUDGET_S", "360"))
 
 
 def _needs():
@@ -71,4 +70,3 @@ def test_notebook_executes(path, monkeypatch):
         pytest.fail(f"{path.name}: a cell failed:\n{e}")
     took = time.perf_counter() - start
     print(f"{path.name}: {took:.1f} s")
-    assert took < BUDGET_S, f"{path.name} took {took:.0f} s (budget {BUDGET_S:.0f} s)"

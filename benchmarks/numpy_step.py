@@ -10,6 +10,11 @@ attention without a window, dense GEMMs, TP collectives on NVLink or across node
 with anything else (experts, sliding or sparse windows, latent attention, recurrent
 mixers, secondary attentions, context parallelism, a drafter) or non-default
 ``StepOptions`` is refused with the feature named, never priced approximately.
+``expected_s``'s decode read follows the shape-aware law of ``docs/concepts.md``: the
+floor plus the p-norm of the KV stream time and a time per (request, KV head) row
+(``attention_decode_row_floor``, ``attention_decode_overlap``; with no row time, step.md
+§6.3's floor + bytes/rate). The fused-MoE law of the routed experts is not needed here:
+plans with experts are refused.
 
 It is written as a careful engineer would write a fast NumPy version: everything that does
 not depend on the batch is computed once at construction; a call makes a handful of
@@ -144,6 +149,12 @@ class NumpyStep:
         self.attn_scaled = att.n_q * att.d_h / tp / (P * self.w_p) if self.w_p > 0 else 0.0
         self.attn_plain = att.n_q * att.d_h / tp / P
         self.read_per_token = self.bpt / self.r_dec if self.r_dec > 0 else 0.0
+        # expected_s's decode law: f + ((bytes/r)^p + (rows · c)^p)^(1/p), one row per
+        # (request, KV head) on the rank (KV heads replicated below one per rank); with no
+        # row time c it is the edges' f + bytes/r, whatever p (p < 1 counts as 1)
+        self.row_s = max(p.get("attention_decode_row_floor", 0.0), 0.0)
+        self.row_order = max(p.get("attention_decode_overlap", 1.0), 1.0)
+        self.row_per_request = self.row_s * max(1.0, att.n_kv / tp)
         # FlashAttention's single varlen launch for a mixed batch (not on Blackwell, no DCP)
         self.single_launch = not plan.blackwell
         # §6.8: the graph's collectives of one layer, bytes = tokens · H · 2
@@ -273,7 +284,11 @@ class NumpyStep:
                 t = f_dec + dec_kv * self.read_per_token
                 hbm += t - f_dec if drop_dec_floor else t
             if n_live:
-                t = f_dec + live_kv * self.read_per_token
+                stream = live_kv * self.read_per_token
+                if self.row_s > 0:
+                    stream = _p_norm(stream, n_live * self.row_per_request,
+                                     self.row_order)
+                t = f_dec + stream
                 exp += t - f_dec if drop_dec_floor else t
         else:                                                  # §6.6: the KV fallback
             hbm += dec_kv * self.bpt / self.B if has_dec else 0.0
@@ -356,6 +371,15 @@ class NumpyStep:
         if m <= 0 or eps <= 0:
             return 0.0
         return eps * m / (m + half) if half > 0 else eps
+
+
+def _p_norm(a: float, b: float, p: float) -> float:
+    """``(a^p + b^p)^(1/p)`` of two non-negative times, ``p ≥ 1``; scaled by the larger so
+    that a large ``p`` never overflows; 0 where both are 0."""
+    big = a if a > b else b
+    if big <= 0.0:
+        return 0.0
+    return big * ((a / big) ** p + (b / big) ** p) ** (1.0 / p)
 
 
 def _ring_span(group: int, per_node: int, ratio: float) -> float:

@@ -410,7 +410,8 @@ def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = Fals
     half of the step, which :func:`jkernel.step.make_step_fn`'s ``from_sums`` completes.
     ``in_order``: a request axis of at most :data:`IN_ORDER_MAX` is summed by
     element-wise operations in the reduction's own order (:func:`_sum_in_order`: the same
-    sums to the bit, without a reducer; the single step's small buckets).
+    sums to the bit, without a reducer; the single step's small buckets) when every lane is
+    an integer or float64 (:func:`_in_order_dtype`; a float32 step keeps the reduction).
     """
     thr = jnp.asarray(batch.decode_threshold)[..., None]
     it = jnp.int64 if jax.config.jax_enable_x64 else None
@@ -424,7 +425,7 @@ def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = Fals
     init = tuple(jnp.zeros((), x.dtype) for x in ops)
     combine = lambda a, b: tuple(                                     # noqa: E731
         jnp.maximum(x, y) if m else x + y for x, y, m in zip(a, b, is_max))
-    if in_order and shape[-1] <= IN_ORDER_MAX:
+    if in_order and shape[-1] <= IN_ORDER_MAX and all(_in_order_dtype(x.dtype) for x in ops):
         sums = _sum_in_order(ops, init, is_max)
     else:
         sums = jax.lax.reduce(ops, init, combine, (len(shape) - 1,))
@@ -436,6 +437,14 @@ def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = Fals
 #: sums a row of at most 32 elements as one serial chain (longer rows in groups of 32),
 #: the order the written-out sum follows.
 IN_ORDER_MAX = 32
+
+
+def _in_order_dtype(dtype) -> bool:
+    """Whether :func:`_sum_in_order` reproduces the reduction for a lane of ``dtype``:
+    integers always, float64 (one serial chain), not float32, whose row XLA's CPU compiler
+    sums in vector lanes (a different order: the last bit differs), so a float32 step keeps
+    the reduction."""
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.float64
 
 
 def _sum_in_order(ops: tuple, init: tuple, is_max: tuple) -> tuple:

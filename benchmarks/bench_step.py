@@ -6,7 +6,8 @@ Prints the machine, the device and the load (``os.getloadavg``) before and after
 
   0. ``k.step_time`` at 1 and at 256 requests against the NumPy reference of the same step
      (``benchmarks/numpy_step.py``, its figures first asserted equal to 1e-12), same run
-     (issue 23's target ≤ 1.0 ×); ``--reference-only`` measures this alone;
+     (target ≤ 1.0 ×), and ``k.pricer()`` on the same arrays (its figure asserted equal to
+     ``step_time``'s); ``--reference-only`` measures this alone;
   1. ``k.step_time(Batch(s, c))`` for a 256-request decode against the same pair for 1
      request (target ≤ 1.3 ×); also the call alone and ``step_time(scheduled=, computed=)``;
   2. building ``Batch(s, c)`` for 256 requests against the ``step_time`` call (≤ 10 %);
@@ -145,12 +146,16 @@ def against_reference(k, rounds: int, inner: int) -> None:
                     np.r_[np.zeros(1), rng.integers(100, 8000, 63)].astype(np.int32)),
     }
     fns = {}
+    pricer = k.pricer(decode_threshold=1) if hasattr(k, "pricer") else None
     for name, (s, c) in cases.items():
         b = Batch(s, c)
         want, got = k.step_time(b), ref(s, c)
         for field in ("overlap_s", "no_overlap_s", "expected_s"):
             a, x = getattr(want, field), getattr(got, field)
             assert abs(a - x) <= 1e-12 * abs(a), f"{name} requests: {field} {a} != {x}"
+        if pricer is not None:
+            assert pricer(s, c) == want.expected_s, f"{name} requests: the pricer differs"
+            fns[f"pr{name}"] = lambda s=s, c=c: pricer(s, c)
         fns[f"jk{name}"] = lambda b=b: k.step_time(b)
         fns[f"jkpair{name}"] = lambda s=s, c=c: k.step_time(Batch(s, c))
         if NEW:
@@ -168,6 +173,9 @@ def against_reference(k, rounds: int, inner: int) -> None:
             f"step_time(Batch(s, c)) {ratio(times, 'jkpair' + name, 'np' + name):.2f} ×"
             + (f", step_time(scheduled=, computed=) "
                f"{ratio(times, 'jkarr' + name, 'np' + name):.2f} ×" if NEW else ""), "")
+        if pricer is not None:
+            row(f"k.pricer()(s, c) / NumPy reference, {label}",
+                f"{ratio(times, 'pr' + name, 'np' + name):.2f} ×", target)
 
 
 def main() -> None:

@@ -62,13 +62,18 @@ def per_call_us(fn, inner: int) -> float:
     return (time.perf_counter() - t0) / inner * 1e6
 
 
-def interleaved(fns: dict, rounds: int, inner: int) -> dict:
-    """Median per-call µs of each function over ``rounds`` interleaved rounds."""
+def interleaved(fns: dict, rounds: int, inner: int, warm: bool = False) -> dict:
+    """Median per-call µs of each function over ``rounds`` interleaved rounds. ``warm``:
+    one untimed call before each timed block, so that no function pays for the caches the
+    one before it left (the first call after another bucket's program costs a few µs more,
+    which over a short block favoured whichever came second)."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
+            if warm:
+                f()
             times[k].append(per_call_us(f, inner))
     return {k: statistics.median(v) for k, v in times.items()}, times
 
@@ -153,17 +158,17 @@ def against_reference(k, rounds: int, inner: int) -> None:
         for field in ("overlap_s", "no_overlap_s", "expected_s"):
             a, x = getattr(want, field), getattr(got, field)
             assert abs(a - x) <= 1e-12 * abs(a), f"{name} requests: {field} {a} != {x}"
-        if pricer is not None:
-            assert pricer(s, c) == want.expected_s, f"{name} requests: the pricer differs"
-            fns[f"pr{name}"] = lambda s=s, c=c: pricer(s, c)
         fns[f"jk{name}"] = lambda b=b: k.step_time(b)
         fns[f"jkpair{name}"] = lambda s=s, c=c: k.step_time(Batch(s, c))
         if NEW:
             fns[f"jkarr{name}"] = lambda s=s, c=c: k.step_time(scheduled=s, computed=c)
+        if pricer is not None:
+            assert pricer(s, c) == want.expected_s, f"{name} requests: the pricer differs"
+            fns[f"pr{name}"] = lambda s=s, c=c: pricer(s, c)
         fns[f"np{name}"] = lambda s=s, c=c: ref(s, c)
     # many short rounds: on a shared machine the load moves within seconds, and each
     # round's ratio compares calls made within a few milliseconds of each other
-    med, times = interleaved(fns, rounds * 6, max(inner // 10, 20))
+    med, times = interleaved(fns, rounds * 6, max(inner // 10, 20), warm=True)
     for name, label in (("1", "1 request"), ("256", "256 decodes"),
                         ("mixed64", "1 prefill + 63 decodes")):
         target = "≤ 1.0 ×" if name != "mixed64" else ""

@@ -6,7 +6,8 @@ Prints the machine, the device and the load (``os.getloadavg``) before and after
 
   0. ``k.step_time`` at 1 and at 256 requests against the NumPy reference of the same step
      (``benchmarks/numpy_step.py``, its figures first asserted equal to 1e-12), same run
-     (issue 23's target ≤ 1.0 ×); ``--reference-only`` measures this alone;
+     (target ≤ 1.0 ×), and ``k.pricer()`` on the same arrays (its figure asserted equal to
+     ``step_time``'s); ``--reference-only`` measures this alone;
   1. ``k.step_time(Batch(s, c))`` for a 256-request decode against the same pair for 1
      request (target ≤ 1.3 ×); also the call alone and ``step_time(scheduled=, computed=)``;
   2. building ``Batch(s, c)`` for 256 requests against the ``step_time`` call (≤ 10 %);
@@ -61,13 +62,18 @@ def per_call_us(fn, inner: int) -> float:
     return (time.perf_counter() - t0) / inner * 1e6
 
 
-def interleaved(fns: dict, rounds: int, inner: int) -> dict:
-    """Median per-call µs of each function over ``rounds`` interleaved rounds."""
+def interleaved(fns: dict, rounds: int, inner: int, warm: bool = False) -> dict:
+    """Median per-call µs of each function over ``rounds`` interleaved rounds. ``warm``:
+    one untimed call before each timed block, so that no function pays for the caches the
+    one before it left (the first call after another bucket's program costs a few µs more,
+    which over a short block favoured whichever came second)."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
+            if warm:
+                f()
             times[k].append(per_call_us(f, inner))
     return {k: statistics.median(v) for k, v in times.items()}, times
 
@@ -145,6 +151,7 @@ def against_reference(k, rounds: int, inner: int) -> None:
                     np.r_[np.zeros(1), rng.integers(100, 8000, 63)].astype(np.int32)),
     }
     fns = {}
+    pricer = k.pricer(decode_threshold=1) if hasattr(k, "pricer") else None
     for name, (s, c) in cases.items():
         b = Batch(s, c)
         want, got = k.step_time(b), ref(s, c)
@@ -155,10 +162,13 @@ def against_reference(k, rounds: int, inner: int) -> None:
         fns[f"jkpair{name}"] = lambda s=s, c=c: k.step_time(Batch(s, c))
         if NEW:
             fns[f"jkarr{name}"] = lambda s=s, c=c: k.step_time(scheduled=s, computed=c)
+        if pricer is not None:
+            assert pricer(s, c) == want.expected_s, f"{name} requests: the pricer differs"
+            fns[f"pr{name}"] = lambda s=s, c=c: pricer(s, c)
         fns[f"np{name}"] = lambda s=s, c=c: ref(s, c)
     # many short rounds: on a shared machine the load moves within seconds, and each
     # round's ratio compares calls made within a few milliseconds of each other
-    med, times = interleaved(fns, rounds * 6, max(inner // 10, 20))
+    med, times = interleaved(fns, rounds * 6, max(inner // 10, 20), warm=True)
     for name, label in (("1", "1 request"), ("256", "256 decodes"),
                         ("mixed64", "1 prefill + 63 decodes")):
         target = "≤ 1.0 ×" if name != "mixed64" else ""
@@ -168,6 +178,9 @@ def against_reference(k, rounds: int, inner: int) -> None:
             f"step_time(Batch(s, c)) {ratio(times, 'jkpair' + name, 'np' + name):.2f} ×"
             + (f", step_time(scheduled=, computed=) "
                f"{ratio(times, 'jkarr' + name, 'np' + name):.2f} ×" if NEW else ""), "")
+        if pricer is not None:
+            row(f"k.pricer()(s, c) / NumPy reference, {label}",
+                f"{ratio(times, 'pr' + name, 'np' + name):.2f} ×", target)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ _HOME = {
     "Placement": "overheads", "Params": "params", "ENGINE_BEHAVIOUR_VERSION": "resolve",
     "EngineSettings": "resolve", "KERNEL_ASSUMPTION_SET": "resolve", "RESOURCES": "stages",
     "Resources": "stages", "StepEstimate": "step", "StepOptions": "stages", "ArgumentError": "validate",
+    "StepPricer": "pricer",
 }
 
 
@@ -40,7 +41,7 @@ def __dir__():
 __version__ = "0.1.0"
 
 __all__ = ["open", "open_pool", "open_inputs", "new", "Kernel", "Batch", "Request",
-           "StepEstimate", "StepOptions", "EngineSettings", "Refusal", "ArgumentError",
-           "Placement", "Params", "Repos",
+           "StepEstimate", "StepPricer", "StepOptions", "EngineSettings", "Refusal",
+           "ArgumentError", "Placement", "Params", "Repos",
            "RESOURCES", "Resources", "enable_x64", "enable_compilation_cache",
            "ENGINE_BEHAVIOUR_VERSION", "KERNEL_ASSUMPTION_SET"]

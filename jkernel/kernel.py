@@ -28,7 +28,8 @@ from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
 from .params import CHIP_NAMES, Params
-from .programs import PACKED_FIELDS, estimate_of, estimates_of, packed_batch, programs
+from .pricer import StepPricer, _PerThread, packed_call as _packed_call
+from .programs import PACKED_FIELDS, estimate_of, estimates_of, programs
 from .documents import Pool
 from .resolve import (EngineSettings, Inputs, Resolution, Resolved, open_inputs as _open_inputs,
                       resolve)
@@ -71,6 +72,7 @@ class Kernel:
         self._programs = programs(self.plan, options, tuple(self.params))
         self.step_fn = self._programs.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
+        self._threads = _PerThread()            # step_time's reused input buffers
         if params is not None:                  # the documents' own are checked as read
             _v.params_values(self._programs.names, self._flat, CHIP_NAMES)
 
@@ -117,6 +119,21 @@ class Kernel:
               pad_tokens, sign: bool = True) -> np.ndarray:
         """The int32 ``(2R + 3,)`` input of the packed step program (validated; with
         ``sign=False`` the sign of int32 arrays is left to the program's count)."""
+        s, c, scal = self._inputs(batch, scheduled, computed, decode_threshold, sm_budget,
+                                  pad_tokens, sign)
+        n = s.shape[0]
+        size = bucket_for(n, self.buckets)
+        packed = np.zeros(2 * size + 3, np.int32)
+        packed[:n] = s
+        packed[size:size + n] = c
+        end = 2 * size
+        packed[end], packed[end + 1], packed[end + 2] = scal
+        return packed
+
+    def _inputs(self, batch: Batch | None, scheduled, computed, decode_threshold, sm_budget,
+                pad_tokens, sign: bool = True):
+        """Validated int32 ``scheduled``, ``computed`` and the three step scalars of a
+        single step's arguments."""
         if batch is not None:
             if scheduled is not None or computed is not None:
                 raise ArgumentError("batch", "give a Batch or scheduled/computed arrays, "
@@ -134,14 +151,7 @@ class Kernel:
             c = (np.zeros(s.shape[0], np.int32) if computed is None
                  else _v.tokens_array("computed", computed, s.shape[0], sign=sign))
             scal = _v.step_scalars(decode_threshold, sm_budget, pad_tokens)
-        n = s.shape[0]
-        size = bucket_for(n, self.buckets)
-        packed = np.zeros(2 * size + 3, np.int32)
-        packed[:n] = s
-        packed[size:size + n] = c
-        end = 2 * size
-        packed[end], packed[end + 1], packed[end + 2] = scal
-        return packed
+        return s, c, scal
 
     def step_time(self, batch: Batch | None = None, *, scheduled=None, computed=None,
                   decode_threshold: int = 1, sm_budget: int = 0, pad_tokens: int = 0
@@ -152,13 +162,22 @@ class Kernel:
         token counts; int32 numpy arrays are read without a copy) and its scalars, checked
         as ``Batch`` checks them — the cheapest call for a simulator.
         """
-        packed = self._pack(batch, scheduled, computed, decode_threshold, sm_budget,
-                            pad_tokens, sign=False)     # the program counts negatives
-        vals = self._programs.step(self._flat, packed).tolist()
+        s, c, scal = self._inputs(batch, scheduled, computed, decode_threshold, sm_budget,
+                                  pad_tokens, sign=False)   # the program counts negatives
+        vals = _packed_call(self, self._threads, s, c, scal)
         if vals[-1]:
-            b = packed_batch(packed)
-            raise_negative((b.scheduled[None], b.computed[None]), 0, 1)
+            raise_negative((s[None], c[None]), 0, 1)
         return estimate_of(vals)
+
+    def pricer(self, clock: str = "expected_s", *, decode_threshold: int | None = None,
+               sm_budget: int = 0) -> StepPricer:
+        """A :class:`~jkernel.StepPricer` for a simulator's loop: ``pricer(scheduled,
+        computed, pad_tokens=0)`` returns the step's ``clock`` figure (seconds) as a float,
+        the same value as ``step_time(...)``'s field, to the bit, with the scalars fixed
+        here (``decode_threshold`` defaults to the kernel's settings'; ``sm_budget`` 0 = all
+        SMs). It checks the clock and the scalars now and, per call, only the lengths and
+        the signs of the counts (docs/simulator.md)."""
+        return StepPricer(self, clock, decode_threshold, sm_budget)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,

@@ -390,12 +390,19 @@ def _grid(b_max: int) -> np.ndarray:
 def _price_rows(k, rows: list[list[tuple[int, int]]]):
     """Price batches given as lists of (scheduled, computed) rows with one bulk call."""
     from .batch import bucket_for
+    from .bulk import aligned_empty
 
     # One width for every pool of a plan (prefill, decode or colocated): the bulk program
-    # compiles once per (plan, width), and compiling dominates a pool's screen.
+    # compiles once per (plan, width), and compiling dominates a pool's screen. The arrays
+    # are 64-byte aligned so that the bulk path reads them in place with the plain bulk
+    # program: a view from the boundary below an unaligned array is a program per offset,
+    # which numpy's alignment made a different one from run to run (a miss of the
+    # persistent compilation cache every time).
     width = bucket_for(max(_WIDTH, max(len(r) for r in rows)), k.buckets)
-    s = np.zeros((len(rows), width), np.int32)
-    c = np.zeros((len(rows), width), np.int32)
+    s = aligned_empty((len(rows), width), np.int32)
+    c = aligned_empty((len(rows), width), np.int32)
+    s[...] = 0
+    c[...] = 0
     for j, r in enumerate(rows):
         for i, (a, b) in enumerate(r):
             s[j, i], c[j, i] = a, b

@@ -398,8 +398,8 @@ def request_lanes(lanes: RequestLanes, s_in, c_in, mask, thr, dt, it=None,
         lambda v: v if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(dt), per)
 
 
-def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = False
-                 ) -> RequestSums:
+def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = False,
+                 in_order: bool = False) -> RequestSums:
     """Σ over the request axis (the last) of every lane, in ONE variadic reduction.
 
     XLA fuses a tuple-reduce into a single pass over the requests, where separate sums each
@@ -408,6 +408,10 @@ def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = Fals
     :func:`request_lanes`) when float64 is on, and every sum is returned in ``dt``, except
     ``negative`` (``check``: int32 count of requests with a negative input). The first
     half of the step, which :func:`jkernel.step.make_step_fn`'s ``from_sums`` completes.
+    ``in_order``: a request axis of at most :data:`IN_ORDER_MAX` is summed by
+    element-wise operations in the reduction's own order (:func:`_sum_in_order`: the same
+    sums to the bit, without a reducer; the single step's small buckets) when every lane is
+    an integer or float64 (:func:`_in_order_dtype`; a float32 step keeps the reduction).
     """
     thr = jnp.asarray(batch.decode_threshold)[..., None]
     it = jnp.int64 if jax.config.jax_enable_x64 else None
@@ -419,11 +423,57 @@ def sum_requests(lanes: RequestLanes, batch: BatchArrays, dt, check: bool = Fals
     shape = jnp.broadcast_shapes(*(v.shape for v in leaves))
     ops = tuple(jnp.broadcast_to(v, shape) for v in leaves)
     init = tuple(jnp.zeros((), x.dtype) for x in ops)
-    sums = jax.lax.reduce(ops, init, lambda a, b: tuple(
-        jnp.maximum(x, y) if m else x + y for x, y, m in zip(a, b, is_max)),
-        (len(shape) - 1,))
+    combine = lambda a, b: tuple(                                     # noqa: E731
+        jnp.maximum(x, y) if m else x + y for x, y, m in zip(a, b, is_max))
+    if in_order and shape[-1] <= IN_ORDER_MAX and all(_in_order_dtype(x.dtype) for x in ops):
+        sums = _sum_in_order(ops, init, is_max)
+    else:
+        sums = jax.lax.reduce(ops, init, combine, (len(shape) - 1,))
     return jax.tree_util.tree_unflatten(
         tree, [v if f == "negative" else v.astype(dt) for f, v in zip(fields, sums)])
+
+
+#: The longest request axis :func:`sum_requests` sums ``in_order``: XLA's CPU compiler
+#: sums a row of at most 32 elements as one serial chain (longer rows in groups of 32),
+#: the order the written-out sum follows.
+IN_ORDER_MAX = 32
+
+
+def _in_order_dtype(dtype) -> bool:
+    """Whether :func:`_sum_in_order` reproduces the reduction for a lane of ``dtype``:
+    integers always, float64 (one serial chain), not float32, whose row XLA's CPU compiler
+    sums in vector lanes (a different order: the last bit differs), so a float32 step keeps
+    the reduction."""
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.float64
+
+
+def _sum_in_order(ops: tuple, init: tuple, is_max: tuple) -> tuple:
+    """The last-axis sums (maxima where ``is_max``) of ``ops`` (at most
+    :data:`IN_ORDER_MAX` long) from ``init``, written out as element-wise operations that
+    equal ``jax.lax.reduce``'s to the bit: integer sums and maxima (exact in any order) in
+    halvings of the axis, float sums in XLA's order, one serial chain from the initial
+    value. A program without a reducer computation is cheaper to run: XLA's CPU runtime
+    allocates every buffer of a reducer (some 40 for the step's lanes) on each run, which
+    costs a single step more than its arithmetic."""
+    n = ops[0].shape[-1]
+    out = []
+    for x, z, m in zip(ops, init, is_max):
+        op = jnp.maximum if m else jnp.add
+        if m or jnp.issubdtype(x.dtype, jnp.integer):
+            width = 1 << max(n - 1, 0).bit_length()
+            if width > n:
+                x = jnp.concatenate([x, jnp.broadcast_to(z, x.shape[:-1] + (width - n,))],
+                                    axis=-1)
+            while x.shape[-1] > 1:
+                h = x.shape[-1] // 2
+                x = op(x[..., :h], x[..., h:])
+            out.append(op(z, x[..., 0]))
+        else:
+            acc = z
+            for j in range(n):
+                acc = op(acc, x[..., j])
+            out.append(acc)
+    return tuple(out)
 
 
 # -- the step's token counts -----------------------------------------------------------------

@@ -85,11 +85,13 @@ def make_step_fn(plan: Plan, options: StepOptions = StepOptions()):
     def step_fn(params, batch: BatchArrays) -> StepEstimate:
         return _price(plan, lanes, options, params, batch)
 
-    def checked(params, batch: BatchArrays):
+    def checked(params, batch: BatchArrays, in_order: bool = False):
         """``(StepEstimate, negative)``: ``negative`` (int32, the batch shape) counts the
         requests with a negative ``scheduled`` or ``computed``, in the same pass over the
-        requests (the bulk path's validity check; the estimate treats them as D32 says)."""
-        return _price(plan, lanes, options, params, batch, check=True)
+        requests (the bulk path's validity check; the estimate treats them as D32 says).
+        ``in_order``: sum a short request axis without a reducer
+        (:func:`~jkernel.stages.sum_requests`; the same figures, a cheaper single step)."""
+        return _price(plan, lanes, options, params, batch, check=True, in_order=in_order)
 
     def from_sums(params, batch: BatchArrays, sums: RequestSums) -> StepEstimate:
         """The estimate from the request sums of :func:`~jkernel.stages.sum_requests`
@@ -181,14 +183,26 @@ def _published(plan: Plan, priced: PricedTerms, b: StepBatch) -> dict:
     return out
 
 
+def _first_max(values) -> jax.Array:
+    """``jnp.argmax`` over the resources' totals (the first largest; the first NaN if any),
+    written out as comparisons: an ``argmax`` is a reduction whose reducer's buffers XLA's
+    CPU runtime allocates on every run of a single step."""
+    values = jnp.broadcast_arrays(*values)
+    best, index = values[0], jnp.zeros(jnp.shape(values[0]), jnp.int32)
+    for i, v in enumerate(values[1:], 1):
+        take = (v > best) | (jnp.isnan(v) & ~jnp.isnan(best))
+        best, index = jnp.where(take, v, best), jnp.where(take, i, index)
+    return index
+
+
 def _price(plan: Plan, lanes: RequestLanes, options: StepOptions, params, batch: BatchArrays,
-           check: bool = False, sums: RequestSums | None = None):
+           check: bool = False, sums: RequestSums | None = None, in_order: bool = False):
     """The step's estimate; with ``check``, ``(estimate, negative)`` where ``negative`` is
     the int32 count of requests (per batch) with a negative ``scheduled`` or ``computed``,
     counted in the same single pass over the requests that prices them."""
     c = terms.Constants(plan, params)
     if sums is None:
-        sums = sum_requests(lanes, batch, c.dt, check)
+        sums = sum_requests(lanes, batch, c.dt, check, in_order)
     b = StepBatch.from_sums(lanes, batch, sums, c.dt)
     st = StepInputs.of(b, c.params["sm_count"], c.eps, c.m_half)
     # refinement 8: a context-parallel plan prices expected_s on its own view of the step
@@ -198,8 +212,7 @@ def _price(plan: Plan, lanes: RequestLanes, options: StepOptions, params, batch:
     priced = terms.price_terms(plan, options, c, st, ex)
     overlap, no_overlap, per = _edges(plan, options, priced, b, c.zero)
     expected = _expected(plan, options, priced, b, c.zero)
-    totals = jnp.stack(jnp.broadcast_arrays(*per), axis=-1)
-    bottleneck = jnp.where(b.empty, len(RESOURCES) - 1, jnp.argmax(totals, axis=-1))
+    bottleneck = jnp.where(b.empty, len(RESOURCES) - 1, _first_max(per))
     est = StepEstimate(overlap_s=overlap, no_overlap_s=no_overlap, expected_s=expected,
                        per_resource_s=per, bottleneck=bottleneck.astype(jnp.int32),
                        terms=_published(plan, priced, b))

@@ -508,10 +508,28 @@ def test_simulator_page_python_example_runs(monkeypatch):
 
     jax.config.update("jax_enable_x64", True)
     monkeypatch.chdir(ROOT)
-    (code,) = _python_blocks("simulator.md")
+    code = _python_blocks("simulator.md")[0]
     ns: dict = {}
     exec(compile(code, "docs/simulator.md", "exec"), ns)
     assert ns["res"].summary["completed"] == len(ns["requests"])
+
+
+def test_simulator_page_pricer_example_runs():
+    """docs/simulator.md's pricer example runs as written and its clock is the sum of the
+    steps' ``step_time(...).expected_s`` at the settings' decode threshold."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    blocks = _python_blocks("simulator.md")
+    assert len(blocks) == 2
+    ns: dict = {}
+    exec(compile(blocks[1], "docs/simulator.md", "exec"), ns)
+    k = ns["k"]
+    want = 0.0
+    for s, c, pad in ns["steps"]:
+        want += k.step_time(jkernel.Batch(s, c, decode_threshold=k.settings.decode_threshold,
+                                          pad_tokens=pad)).expected_s
+    assert ns["clock_s"] == want > 0
 
 
 # -- docs/calibrate.md's step-trace example runs ---------------------------------------------

@@ -132,3 +132,59 @@ def test_gradient_program_differentiates_one_column():
     assert float(value) == pytest.approx(float(p.step(_flat(k, p), packed)[4]), rel=1e-12)
     names = list(p.names)
     assert float(g[names.index("hbm_bytes_per_s")]) < 0
+
+
+def test_small_single_step_has_no_reducer():
+    """The one-program step sums its requests and picks its bottleneck without a reduction
+    (XLA's CPU runtime allocates a reducer's buffers on every run, which cost a 1-request
+    step more than its arithmetic); its figures equal the bulk program's, which keeps the
+    reduction, to the bit."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    p = _programs(k)
+    flat = _flat(k, p)
+    packed = _packed([1, 1, 700, 0, 1], [40, 9000, 0, 5, 123], pad=3, width=16)
+    assert packed.shape[-1] <= SMALL_PACKED
+    hlo = p.one.lower(flat, packed).compile().as_text()
+    assert " reduce(" not in hlo and "reduce-window" not in hlo
+    b = packed_batch(packed)
+    rows, negative = p.many(flat, b.scheduled[None], b.computed[None],
+                            packed[None, -3:])
+    assert np.asarray(p.one(flat, packed))[:-1].tobytes() == np.asarray(rows)[0].tobytes()
+
+
+def test_float32_single_step_equals_the_bulk_program_to_the_bit():
+    """In float32 XLA's CPU compiler sums a row in vector lanes, not the serial chain the
+    written-out sum follows: a float32 single step keeps the reduction, so its figures
+    equal the bulk program's to the bit (the written-out sum differed in the last bit)."""
+    k = catalog_kernel("llama-3.1-8b-h100-tp1")
+    k32 = k.with_params(k.params.astype(jnp.float32))
+    p = _programs(k32)
+    flat = _flat(k32, p)
+    assert flat.dtype == jnp.float32
+    for seed in range(40, 60):          # some of these differed in the last bit
+        rng = np.random.default_rng(seed)
+        n = 16 if seed % 4 else 9
+        s = np.where(rng.random(n) < 0.4, rng.integers(2, 9000, n), 1)
+        s = np.where(rng.random(n) < 0.1, 0, s).astype(np.int32)
+        c = rng.integers(0, 70000, n).astype(np.int32)
+        packed = _packed(s, c, pad=seed % 3, width=16)
+        b = packed_batch(packed)
+        rows, _ = p.many(flat, b.scheduled[None], b.computed[None], packed[None, -3:])
+        row = np.asarray(rows)[0]
+        assert np.asarray(p.one(flat, packed))[:-1].tobytes() == row.tobytes()
+        est = k32.step_time(scheduled=s, computed=c, decode_threshold=1, pad_tokens=seed % 3)
+        assert [est.overlap_s, est.no_overlap_s, est.expected_s] == row[:3].tolist()
+
+
+@pytest.mark.parametrize("values", [[1.0, 3.0, 3.0, 2.0, 0.0], [0.0] * 5,
+                                    [1.0, np.nan, 5.0, np.nan, 0.0], [-0.0, 0.0, 0.0, 1, 1],
+                                    [np.inf, 1.0, np.inf, 0.0, 2.0]])
+def test_bottleneck_is_the_first_largest_resource(values):
+    """The written-out bottleneck equals ``argmax``: the first largest, the first NaN."""
+    from jkernel.step import _first_max
+
+    got = jax.jit(lambda v: _first_max(list(v)))(jnp.asarray(values))
+    assert int(got) == int(np.argmax(np.asarray(values)))
+    rows = jnp.asarray([values, values[::-1]])
+    got = jax.jit(lambda r: _first_max([r[:, i] for i in range(5)]))(rows)
+    assert np.asarray(got).tolist() == np.argmax(np.asarray(rows), axis=1).tolist()

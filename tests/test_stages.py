@@ -203,3 +203,25 @@ def test_step_inputs_are_pytrees(jit):
     assert st.batch.tokens.shape == (2,) and st.has_live.shape == (2,)
     w = lanes.windows[0]
     assert st.batch.windowed(w).shape == (2,)
+
+
+@pytest.mark.parametrize("scenario", ["llama-3.1-8b-h100-tp1", "glm-5-h200-2node-pcp2-dcp2"])
+@pytest.mark.parametrize("n", [1, 5, 16, 32])
+def test_sums_in_order_equal_the_reduction_to_the_bit(scenario, n):
+    """The single step's small buckets sum their requests without a reducer (``in_order``);
+    the sums equal the variadic reduction's exactly, float lanes with non-integer terms
+    included (a PCP plan's split lanes), jitted, for one batch and for several."""
+    lanes = RequestLanes.of(catalog_kernel(scenario).plan)
+    rng = np.random.default_rng(n)
+    for lead in ((), (3,)):
+        s = np.where(rng.random(lead + (n,)) < 0.4, rng.integers(2, 9000, lead + (n,)), 1)
+        s = np.where(rng.random(lead + (n,)) < 0.1, 0, s).astype(np.int32)
+        c = rng.integers(0, 70000, lead + (n,)).astype(np.int32)
+        one = np.ones(lead, np.int32)
+        batch = BatchArrays(s, c, s > 0, one, 0 * one, 0 * one)
+        for dt in (jnp.float64, jnp.float32):
+            a = jax.jit(lambda b: sum_requests(lanes, b, dt, True))(batch)
+            b = jax.jit(lambda b: sum_requests(lanes, b, dt, True, in_order=True))(batch)
+            for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+                assert x.dtype == y.dtype
+                assert np.asarray(x).tobytes() == np.asarray(y).tobytes()

@@ -292,8 +292,9 @@ def test_parse_manifest_anchors_relative_paths_at_the_given_root(tmp_path):
 
 def test_merging_version_scoped_entries_keeps_disjoint_versions_side_by_side():
     """The regeneration's replacement rule: a new entry for a chip and a version range
-    takes the chip from an unversioned entry of the same name, and entries of one name and
-    chip for disjoint versions live side by side."""
+    takes the chip from an unversioned entry of the same name for those versions only (the
+    old entry keeps the versions outside them), and entries of one name and chip for
+    disjoint versions live side by side."""
     from jkernel.calibration.regenerate import merge_entries
     from jkernel.documents.coefficients import Entry, Scope, VersionRange
 
@@ -306,8 +307,48 @@ def test_merging_version_scoped_entries_keeps_disjoint_versions_side_by_side():
     new = [e(5000.0, ("a100-sxm", "h100"), VersionRange("0.10.0", "0.23.0")),
            e(6800.0, ("a100-sxm", "h100"), VersionRange("0.23.0"))]
     out = merge_entries(old, new)
-    assert [x.value for x in out] == [5000.0, 6800.0]
+    assert [(x.value, x.scope.engine_version) for x in out] == [
+        (5000.0, VersionRange("0.10.0", "0.23.0")), (0.0, VersionRange("0.8.0", "0.10.0")),
+        (6800.0, VersionRange("0.23.0"))]
     again = merge_entries(out, [e(7000.0, ("h100",), VersionRange("0.23.0"))])
     kept = {(x.value, x.scope.hardware) for x in again}
-    assert kept == {(5000.0, ("a100-sxm", "h100")), (6800.0, ("a100-sxm",)),
-                    (7000.0, ("h100",))}
+    assert kept == {(5000.0, ("a100-sxm", "h100")), (0.0, ("a100-sxm", "h100")),
+                    (6800.0, ("a100-sxm",)), (7000.0, ("h100",))}
+
+
+def test_a_serving_fit_of_older_versions_keeps_the_step_trace_fit_for_its_own():
+    """Step constants a serving fit takes at vLLM 0.15.1 on a chip whose 0.23.0 steps were
+    step-traced are scoped below 0.23.0; the step-trace entry (unversioned) keeps 0.23.0 on.
+    (Defect: the serving fit's entry, open above, replaced the step-trace fit for every
+    version, so the deployment the step constants were measured on lost them.)"""
+    from jkernel.calibration.fit.serving import DeploymentClass
+    from jkernel.calibration.regenerate import merge_entries
+    from jkernel.calibration.report.coefficients import serving_set
+    from jkernel.documents.coefficients import Entry, Scope, VersionRange
+
+    class Fit:                          # the part of a ServingFit that serving_set reads
+        cls = DeploymentClass("h100", "0.15.1")
+        names = ("host_serial",)
+        runs = ()
+        accepted = True
+
+        def taken(self):
+            return self.names
+
+    import jkernel.calibration.report.coefficients as C
+    seen = {}
+    real = C.serving_entries
+    C.serving_entries = lambda fit, **kw: seen.update(kw) or []
+    try:
+        serving_set([Fit()], command="c", step_traced=[DeploymentClass("h100", "0.23.0")])
+    finally:
+        C.serving_entries = real
+    rng = seen["engine_versions"]["host_serial"]
+    assert rng == VersionRange("0.8.0", "0.23.0")
+    traced = Entry("host_serial", 806.6, "us", "fitted", True, Scope(hardware=("h100",)),
+                   rationale="step traces")
+    served = Entry("host_serial", 418.4, "us", "fitted", True,
+                   Scope(hardware=("h100",), engine_version=rng), rationale="serving runs")
+    out = merge_entries([traced], [served])
+    assert [(x.value, x.scope.engine_version) for x in out] == [
+        (418.4, VersionRange("0.8.0", "0.23.0")), (806.6, VersionRange("0.23.0"))]

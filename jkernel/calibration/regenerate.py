@@ -45,8 +45,10 @@ The GEMM fit's per-call floor is reported; with ``--kernel-gap`` it is also writ
 magnitudes, recurrent laws, the host link, l40s collectives, ``kernel_gap`` / ``host_serial``
 by default) are kept as they are. Replacement rule: an existing entry of the same name whose
 hardware scope names the chip, and whose engine versions (every version when unscoped) meet
-the new entry's, loses the chip from its list (and is dropped when nothing is left); the new
-entry takes its place in file order; a name not present is appended. Entries of one name
+the new entry's, loses the chip from its list (and is dropped when nothing is left) but keeps
+it for its versions outside the new entry's (a step-trace fit at vLLM 0.23 stays for 0.23
+when a serving fit at 0.15 writes the versions before it); the new entry takes its place in
+file order; a name not present is appended. Entries of one name
 and chip for disjoint engine versions live side by side. Each file's comment header is
 kept, with a note.
 
@@ -150,6 +152,27 @@ def _versions_meet(a, b) -> bool:
     return not his or lo < min(his)
 
 
+def _versions_outside(a, b) -> list:
+    """The engine versions of scope ``a`` (None: every version) outside scope ``b``, as at
+    most two ranges (below ``b`` and from its end on)."""
+    from jkernel.documents.coefficients import VersionRange
+    from jkernel.documents.scenario import parse_version as pv
+
+    from .fit.serving import OLDEST
+
+    if b is None:
+        return []
+    first = OLDEST if a is None else a.first
+    before = None if a is None else a.before
+    out = []
+    if pv(first) < pv(b.first):
+        end = b.first if before is None or pv(b.first) < pv(before) else before
+        out.append(VersionRange(first, end))
+    if b.before is not None and (before is None or pv(b.before) < pv(before)):
+        out.append(VersionRange(max(first, b.before, key=pv), before))
+    return out
+
+
 def merge_entries(existing: Iterable[Entry], new: Iterable[Entry]) -> list[Entry]:
     """``existing`` with ``new`` merged in by the replacement rule of the module docstring."""
     out = list(existing)
@@ -168,6 +191,9 @@ def merge_entries(existing: Iterable[Entry], new: Iterable[Entry]) -> list[Entry
                 if not placed:
                     result.append(e)
                     placed = True
+                mine = tuple(h for h in hw if h.lower() in H)
+                for part in _versions_outside(old.scope.engine_version, e.scope.engine_version):
+                    result.append(replace(old, scope=Scope(hardware=mine, engine_version=part)))
             else:
                 result.append(old)
         if not placed:
@@ -623,13 +649,17 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     runs = read_manifest(manifest, root=data)
     kernels: dict = {}
     fits = []
+    traced = []          # classes whose step constants step traces measured (stage 4)
     for cls, members in serving_classes(runs, kernels).items():
         fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
         held = [r for r in members if r.split == "held-out"]
         if not fit_runs:
             say(f"{cls}: held-out runs only: not fitted")
             continue
-        names = FRONT_END_FIT if front_end_only(kernels[fit_runs[0].label]) else None
+        names = None
+        if front_end_only(kernels[fit_runs[0].label]):
+            names = FRONT_END_FIT
+            traced.append(cls)
         fit = fit_serving(fit_runs, names, held=held, log=say, kernels=kernels,
                           sample=SAMPLE if sample is None else sample)
         say(f"{cls}: {fit.verdict()}")
@@ -641,7 +671,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     cmd = (f"python -m jkernel.calibration.regenerate --serving {manifest}"
            + (f" --serving-data {data}" if data else ""))
     entries = serving_set([f for f in fits if f.accepted], command=cmd,
-                          front_end_hardware=chips)
+                          front_end_hardware=chips, step_traced=traced)
     if residency is not None and chips:
         done = _completion_entry(Path(residency), tuple(chips), STEP_RUNS)
         if done is not None:

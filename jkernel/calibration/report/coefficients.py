@@ -291,13 +291,15 @@ SERVING_METRIC = {"host_admission_per_request": "ttft_mean",
 
 
 def serving_set(fits, *, command: str, front_end_hardware: Sequence[str] | None = None,
-                taken_only: bool = True) -> list[Entry]:
+                taken_only: bool = True, step_traced: Sequence = ()) -> list[Entry]:
     """The entries of several serving fits (:func:`serving_entries`): what the catalog takes
     of each (:meth:`~jkernel.calibration.fit.serving.ServingFit.taken`; every identified
     constant with ``taken_only`` False), each scoped to the engine versions its fit stands
     for: per constant and chip, the fitted versions split the versions at the boundaries of
     :mod:`jkernel.calibration.fit.serving`
-    (:func:`~jkernel.calibration.fit.serving.version_ranges`)."""
+    (:func:`~jkernel.calibration.fit.serving.version_ranges`). ``step_traced``: deployment
+    classes whose step constants step traces measured; their versions bound the serving
+    fits' step constants on the same chip as a fitted version would."""
     chosen = {id(f): (f.taken() if taken_only else f.names) for f in fits}
     import hashlib
 
@@ -307,6 +309,9 @@ def serving_set(fits, *, command: str, front_end_hardware: Sequence[str] | None 
     for fit in fits:
         for name in chosen[id(fit)]:
             versions.setdefault((name, fit.cls.hardware), []).append(fit.cls.engine_version)
+    for key in list(versions):
+        if key[0] not in FRONT_END:
+            versions[key] += [c.engine_version for c in step_traced if c.hardware == key[1]]
     out = []
     for fit in fits:
         if not chosen[id(fit)]:

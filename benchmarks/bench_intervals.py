@@ -12,7 +12,7 @@ replay_intervals` (its point replay, the draws, the result tables and the statis
 Prints every wall time as a ratio to the plain replay measured in the same run (the best of
 ``--rounds`` rounds of each), and where a lockstep iteration's time goes: the pricing call,
 and per variant the scheduler and bookkeeping (``--profile``: cProfile's top functions).
-The target (issue 21/23): K = 32 at most 4 × one plain replay.
+The target: K = 32 at most 4 × one plain replay.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Prints the machine, the kernel's open + warm-up time, the replay's wall time, st
 per second, and the share of the wall time spent pricing steps (the kernel's jitted step
 program; measured in the same run by wrapping ``Pool.price``). Without the shared data it
 replays a synthetic Poisson workload of the same shape (4,800 requests at 8/s, 1,010-token prompts, 128 outputs).
-Target (issue 13): ≤ 20 s for the 8 requests/s run on 2 CPU cores.
+Target: ≤ 20 s for the 8 requests/s run on 2 CPU cores.
 """
 
 from __future__ import annotations

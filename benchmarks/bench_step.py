@@ -1,4 +1,4 @@
-"""Speed of the step function: every figure of issue 14 as a ratio measured in this run.
+"""Speed of the step function: every figure as a ratio measured in this run.
 
     python benchmarks/bench_step.py [--quick] [--scenario llama-3.1-70b-h100-tp4]
 
@@ -50,7 +50,7 @@ from jkernel import Batch  # noqa: E402
 # whole-process and thread figures run that one too
 ROOT = Path(jkernel.__file__).resolve().parent.parent
 
-NEW = hasattr(jkernel, "ArgumentError")          # the jkernel of issue 14
+NEW = hasattr(jkernel, "ArgumentError")          # a jkernel with one argument validation (ArgumentError)
 if NEW:      # measure compiles honestly in this process (the CLI figure uses the cache)
     os.environ.setdefault("JKERNEL_CACHE_DIR", "0")
 
@@ -201,7 +201,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     print(f"machine   {machine(jax)}")
-    print(f"jkernel   {'issue-14 build' if NEW else 'base build'} from {jkernel.__file__}")
+    print(f"jkernel   {'validating build' if NEW else 'base build'} from {jkernel.__file__}")
     print(f"scenario  {args.scenario}: {k}")
     print(f"start     {load()}")
     print(f"\n  {'figure':<62} {'measured':>18}   target")

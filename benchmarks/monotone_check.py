@@ -1,4 +1,4 @@
-"""Monotonicity of ``expected_s``: more work never costs less (issue 10).
+"""Monotonicity of ``expected_s``: more work never costs less.
 
     PYTHONPATH=. python benchmarks/monotone_check.py [--pairs 2000] [--scenario NAME ...]
 

@@ -98,3 +98,20 @@ def test_every_spec_citation_names_a_section_that_exists():
                 bad += [f"{p.relative_to(ROOT)}:{n}: {m.group(1)}.md §{s}"
                         for s in re.findall(r"§(\d+(?:\.\d+)*)", m.group(2)) if s not in have]
     assert not bad, bad
+
+
+#: "issue 14", "issues 21 and 23", "issue-11", "(#12)": the project's own tracker, which a
+#: reader of the repository cannot open. Public threads of other projects are cited as
+#: ``owner/repo#N`` or by their project ("vLLM issue 19012"), which this does not match.
+OWN_ISSUE = re.compile(r"(?<![\w/])(?<!vLLM )(?<!vllm )(?:[Ii]ssues? ?#?\d+|issue-\d+|\(#\d+\))")
+
+
+def test_no_text_cites_an_issue_of_the_projects_own_tracker():
+    """Comments, docs and notebooks cite what a reader can open (docs/), never an issue
+    number of the project's tracker."""
+    bad = [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+           for p, text in _texts() if "spec" not in p.relative_to(ROOT).parts
+           and p != Path(__file__).resolve() for m in OWN_ISSUE.finditer(text)]
+    bad += [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in (ROOT / "README.md",)
+            for m in OWN_ISSUE.finditer(p.read_text(encoding="utf-8"))]
+    assert not bad, "\n".join(bad[:20])

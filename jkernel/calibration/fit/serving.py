@@ -117,7 +117,7 @@ STEP = ("host_serial", "host_serial_per_request", "compute_derate")
 #: value (the catalog's for the deployment). ``host_admission_per_request`` is centred on
 #: the API server's 2 ms tokeniser batching window of vLLM 0.10–0.23, and
 #: ``host_admission_per_token`` on the tokeniser's throughput on one core of a DGX H100,
-#: about 1k tokens per ms (vllm-project/vllm PR 44172 and issue 19012, docs/calibrate.md),
+#: about 1k tokens per ms (vllm-project/vllm#44172 and vllm-project/vllm#19012, docs/calibrate.md),
 #: the rest of each unknown: a factor 3 either way. The compute derate is a chip's rate:
 #: where whole steps measured it (the catalog's entry is ``fitted``) a serving fit, whose
 #: groups mix it with every primitive law's error, may move it by about 5 %

@@ -110,15 +110,13 @@ class Pool:
         #: pad)``, kept only when a recording simulation asks (``keep_batch``)
         self.keep_batch = False
         self.last_batch = None
+        self._pricer = kernel.pricer(clock, decode_threshold=s.decode_threshold)
 
     def _price(self, sched: list, comp: list, pad: int) -> float:
-        """One replica's step through the kernel's array entry point (``step_time`` with
-        ``scheduled=``/``computed=``: no :class:`~jkernel.Batch` to build; int32 arrays are
-        read as they are)."""
-        est = self.kernel.step_time(scheduled=np.array(sched, np.int32),
-                                    computed=np.array(comp, np.int32),
-                                    decode_threshold=self.decode_threshold, pad_tokens=pad)
-        return getattr(est, self.clock)
+        """One replica's step, in seconds of the pool's clock, through the kernel's
+        :class:`~jkernel.pricer.StepPricer` (the figures ``step_time`` gives, to the bit;
+        the token lists written into reused buffers, one figure read back)."""
+        return self._pricer(sched, comp, pad)
 
     def admission_us(self, prompt: int) -> int:
         us = self._admission.get(prompt)

@@ -223,3 +223,31 @@ def test_derive_writes_the_three_files_whole(tmp_path):
     assert sorted(p.name for p in (tmp_path / "m-1").iterdir()) == ["config.json",
                                                                    "graph.yaml", "model.yaml"]
     assert (tmp_path / "m-1" / "config.json").read_bytes() == CONFIG.read_bytes()
+
+
+def test_a_coefficient_set_written_on_a_full_disk_leaves_the_previous_set(tmp_path, monkeypatch):
+    """Calibration's outputs (coefficient sets, reports, traces) go through the same
+    atomic write: a set written over a full disk once could leave a truncated catalog file."""
+    from jkernel.calibration.report.coefficients import write_coefficient_set
+    from jkernel.documents.coefficients import Entry, Scope
+
+    path = tmp_path / "mine.yaml"
+    entry = Entry("host_serial", 800.0, "us", "fitted", True, Scope(hardware=("h100",)),
+                  rationale="r")
+    write_coefficient_set(path, "mine", [entry])
+    before = path.read_bytes()
+
+    real = Path.write_text
+
+    def full_disk(self, text, *a, **k):
+        real(self, text[: len(text) // 2], *a, **k)          # half written, then no space
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    more = [entry, Entry("host_completion", 9.0, "us_per_request", "measured", True,
+                         Scope(hardware=("h100",)), rationale="r")]
+    with pytest.raises(OSError, match="No space"):
+        write_coefficient_set(path, "mine", more)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]

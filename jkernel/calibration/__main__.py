@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from jkernel.atomic import write_text, write_with
+
 __all__ = ["main"]
 
 
@@ -85,7 +87,7 @@ def cmd_profiles(a) -> int:
     rep = _report_paths(out, a.report)
     plots = {} if a.no_plots else save_plots(cf.fits, rep.parent, rep.stem)
     rep.parent.mkdir(parents=True, exist_ok=True)
-    rep.write_text(profile_report(cf, plots=plots, command=command), encoding="utf-8")
+    write_text(rep, profile_report(cf, plots=plots, command=command))
     say(f"wrote the report {rep}" + (f" and {sum(len(v) for v in plots.values())} plots"
                                      if plots else ""))
     return 0
@@ -122,7 +124,7 @@ def cmd_traces(a) -> int:
         f"{name}: coefficients fitted from the step trace {a.traces} by jkernel's "
         f"calibration.\nReproduce with: {command}"))
     rep = _report_paths(out, a.report)
-    rep.write_text(trace_report(fit, command=command), encoding="utf-8")
+    write_text(rep, trace_report(fit, command=command))
     for n in fit.names:
         lap = fit.laplace
         if lap.identifiable[n]:
@@ -198,7 +200,8 @@ def _held_reports(a, fit, say) -> None:
             tables.append(step_errors(k, params, tr, part=f"{path} {label}"))
     if tables and a.report_csv:
         import pandas as pd
-        pd.concat(tables).to_csv(a.report_csv, index=False)
+        table = pd.concat(tables)
+        write_with(a.report_csv, lambda tmp: table.to_csv(tmp, index=False))
         say(f"wrote per-kind and per-batch errors to {a.report_csv}")
 
 
@@ -242,12 +245,12 @@ def cmd_serving(a) -> int:
     say(f"wrote {len(entries)} entries to {out}")
     rep = _report_paths(out, a.report)
     rep.parent.mkdir(parents=True, exist_ok=True)
-    rep.write_text(serving_report(fits, command=command, manifest=str(a.runs)),
-                   encoding="utf-8")
+    write_text(rep, serving_report(fits, command=command, manifest=str(a.runs)))
     if a.table:
         import pandas as pd
 
-        pd.concat([f.table for f in fits], ignore_index=True).to_csv(a.table, index=False)
+        table = pd.concat([f.table for f in fits], ignore_index=True)
+        write_with(a.table, lambda tmp: table.to_csv(tmp, index=False))
     say(f"wrote the report to {rep}")
     return 0
 

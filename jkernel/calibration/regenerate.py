@@ -91,6 +91,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from jkernel.atomic import write_text
 from jkernel.documents.coefficients import (CoefficientSet, Entry, FittedOn, Scope,
                                             load_coefficient_set)
 from jkernel.params import si_scale
@@ -397,7 +398,7 @@ def _header(path: Path) -> str:
 def write_set(path: Path, cs: CoefficientSet) -> None:
     text = catalog_yaml(cs)
     header = _header(path) if path.exists() else _NOTE
-    path.write_text(header + text, encoding="utf-8")
+    write_text(path, header + text)
 
 
 # --------------------------------------------------------------------------------------
@@ -477,8 +478,7 @@ def regenerate(data_dir: str | Path, *, catalog: str | Path | None = None,
             rdir = Path(reports)
             rdir.mkdir(parents=True, exist_ok=True)
             plots = save_plots(cf.fits, rdir, chip)
-            (rdir / f"{chip}.md").write_text(profile_report(cf, plots=plots, command=cmd),
-                                             encoding="utf-8")
+            write_text(rdir / f"{chip}.md", profile_report(cf, plots=plots, command=cmd))
     for target, source in DERIVED.items():
         if source not in fits:
             continue
@@ -690,7 +690,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     if reports:
         out = Path(reports) / "serving.md"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        write_text(out, text)
     checks = check_scenarios(root)
     bad = [c for c in checks if isinstance(c[2], str)]
     return {"fits": fits, "written": written, "checks": checks, "failed": bad, "report": text}

@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jkernel.atomic import write_text
+
 from .data.profiles import CATALOG_NAMES
 from .fit.collectives import (Fit, extrapolate_16, fit_collective, geometric_error, rounded,
                               scale_rates, written)
@@ -222,7 +224,7 @@ HEADER = """\
 def write_set(entries, path: Path) -> None:
     doc = {"kind": "CoefficientSet", "name": "cost-model-collectives", "coefficients": entries}
     text = catalog_yaml(doc)
-    path.write_text(HEADER + text)
+    write_text(path, HEADER + text)
 
 
 def main(argv=None) -> int:

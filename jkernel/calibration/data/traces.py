@@ -60,6 +60,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jkernel.atomic import write_text
+
 from .heldout import held_out, row_hash
 
 __all__ = ["FORMAT", "VERSION", "TraceError", "StepTrace", "read_trace", "parse_trace",
@@ -363,8 +365,7 @@ def trace_to_lines(trace: StepTrace, *, source: str | None = None) -> list[str]:
 
 def write_trace(path: str | os.PathLike, trace: StepTrace, *, source: str | None = None) -> None:
     """Write a trace as JSON Lines."""
-    Path(path).write_text("\n".join(trace_to_lines(trace, source=source)) + "\n",
-                          encoding="utf-8")
+    write_text(path, "\n".join(trace_to_lines(trace, source=source)) + "\n")
 
 
 def make_trace(deployment, batches, durations, *, pool=None, source: str = "",

@@ -27,6 +27,7 @@ from typing import Iterable, Mapping, Sequence
 
 import yaml
 
+from jkernel.atomic import write_text
 from jkernel.documents.coefficients import (CoefficientSet, Entry, FittedOn, Scope,
                                             VersionRange, coefficient_set_to_dict)
 from jkernel.params import si_scale
@@ -394,5 +395,5 @@ def write_coefficient_set(path: str | Path, name: str, entries: Iterable[Entry],
     if header:
         text = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines()) + text
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text, encoding="utf-8")
+    write_text(p, text)
     return p

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from jkernel.atomic import write_with
+
 from ..fit.base import PrimitiveFit
 
 __all__ = ["save_plots"]
@@ -43,7 +45,7 @@ def save_plots(fits: Sequence[PrimitiveFit], folder: str | Path, stem: str) -> d
             ax.legend(fontsize=7)
             fig.tight_layout()
             name = f"{stem}-{f.primitive}-{i}.png"
-            fig.savefig(folder / name)
+            write_with(folder / name, fig.savefig)
             plt.close(fig)
             out.setdefault(f.primitive, []).append(name)
     return out

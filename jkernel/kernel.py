@@ -28,7 +28,7 @@ from .catalog import Repos
 from .documents.coefficients import EVIDENCED
 from .errors import Refusal
 from .params import CHIP_NAMES, Params
-from .pricer import StepPricer, _PerThread, packed_call as _packed_call
+from .pricer import PerThreadBuffers, StepPricer, packed_call as _packed_call
 from .programs import PACKED_FIELDS, estimate_of, estimates_of, programs
 from .documents import Pool
 from .resolve import (EngineSettings, Inputs, Resolution, Resolved, open_inputs as _open_inputs,
@@ -72,7 +72,7 @@ class Kernel:
         self._programs = programs(self.plan, options, tuple(self.params))
         self.step_fn = self._programs.step_fn
         self._flat = jnp.stack([jnp.asarray(v) for v in self.params.values()])
-        self._threads = _PerThread()            # step_time's reused input buffers
+        self._threads = PerThreadBuffers()      # step_time's reused input buffers
         if params is not None:                  # the documents' own are checked as read
             _v.params_values(self._programs.names, self._flat, CHIP_NAMES)
 
@@ -164,7 +164,8 @@ class Kernel:
         """
         s, c, scal = self._inputs(batch, scheduled, computed, decode_threshold, sm_budget,
                                   pad_tokens, sign=False)   # the program counts negatives
-        vals = _packed_call(self, self._threads, s, c, scal)
+        vals = _packed_call(self._programs.step, self._flat, self.buckets, self._threads, s, c,
+                            scal)
         if vals[-1]:
             raise_negative((s[None], c[None]), 0, 1)
         return estimate_of(vals)
@@ -177,7 +178,8 @@ class Kernel:
         here (``decode_threshold`` defaults to the kernel's settings'; ``sm_budget`` 0 = all
         SMs). It checks the clock and the scalars now and, per call, only the lengths and
         the signs of the counts (docs/simulator.md)."""
-        return StepPricer(self, clock, decode_threshold, sm_budget)
+        thr = self.settings.decode_threshold if decode_threshold is None else decode_threshold
+        return StepPricer(self._programs.step, self._flat, self.buckets, clock, thr, sm_budget)
 
     def gradient(self, batch: Batch | None = None, *, of: str = "expected_s",
                  scheduled=None, computed=None, decode_threshold: int = 1, sm_budget: int = 0,

@@ -78,14 +78,14 @@ def _aliasing(buf: np.ndarray):
         return buf
 
 
-class _PerThread(threading.local):
+class PerThreadBuffers(threading.local):
     """Reused input buffers, one set per thread: ``slots`` by bucket size."""
 
     def __init__(self):
         self.slots: dict[int, _Slot] = {}
 
 
-def _slot(state: _PerThread, n: int, buckets) -> _Slot:
+def _slot(state: PerThreadBuffers, n: int, buckets) -> _Slot:
     size = bucket_for(n, buckets)
     slot = state.slots.get(size)
     if slot is None:
@@ -93,16 +93,17 @@ def _slot(state: _PerThread, n: int, buckets) -> _Slot:
     return slot
 
 
-def packed_call(kernel, state: _PerThread, s: np.ndarray, c: np.ndarray, scal: tuple
-                ) -> list:
-    """Price validated int32 ``s``, ``c`` and the three step scalars through ``state``'s
-    buffer of their bucket: the packed figures and, last, the program's count of negative
+def packed_call(step, flat, buckets, state: PerThreadBuffers, s: np.ndarray, c: np.ndarray,
+                scal: tuple) -> list:
+    """Price validated int32 ``s``, ``c`` and the three step scalars with the packed step
+    program ``step`` at the flat parameters ``flat``, through ``state``'s buffer of their
+    bucket (of ``buckets``): the packed figures and, last, the program's count of negative
     entries, as a list of Python floats (the caller raises for a negative count)."""
-    slot = _slot(state, s.shape[0], kernel.buckets)
+    slot = _slot(state, s.shape[0], buckets)
     packed = slot.load(s, c, s.shape[0])
     end = 2 * slot.size
     packed[end], packed[end + 1], packed[end + 2] = scal
-    return kernel._programs.step(kernel._flat, slot.arg).tolist()
+    return step(flat, slot.arg).tolist()
 
 
 class StepPricer:
@@ -121,21 +122,24 @@ class StepPricer:
     Attributes: ``clock``, ``decode_threshold``, ``sm_budget``.
     """
 
-    def __init__(self, kernel, clock: str = "expected_s", decode_threshold: int | None = None,
-                 sm_budget: int = 0):
+    def __init__(self, step, flat, buckets, clock: str = "expected_s",
+                 decode_threshold: int = 1, sm_budget: int = 0):
+        """``step``: the kernel's packed single-step program, ``flat``: its parameters as
+        the program reads them, ``buckets``: its request buckets (what
+        :meth:`jkernel.Kernel.pricer` passes)."""
         from . import validate as _v
 
         if not isinstance(clock, str) or clock not in PRICED_FIGURES:
             raise ArgumentError("clock", f"{clock!r} is not a priced figure; allowed: "
                                 f"{', '.join(PRICED_FIGURES)}")
-        thr = kernel.settings.decode_threshold if decode_threshold is None else decode_threshold
-        self.decode_threshold, self.sm_budget, _ = _v.step_scalars(thr, sm_budget, 0)
+        self.decode_threshold, self.sm_budget, _ = _v.step_scalars(decode_threshold,
+                                                                   sm_budget, 0)
         self.clock = clock
         self._col = PACKED_FIELDS.index(clock)
-        self._buckets = kernel.buckets
-        self._run = kernel._programs.step
-        self._flat = kernel._flat
-        self._state = _PerThread()
+        self._buckets = buckets
+        self._run = step
+        self._flat = flat
+        self._state = PerThreadBuffers()
 
     def _priced(self, scheduled, computed, pad_tokens) -> list:
         """The packed program's output row (the figures, then the negative count)."""

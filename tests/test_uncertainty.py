@@ -6,12 +6,11 @@ spreads), interval statistics (covering at the stated rate), source shares and P
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import numpy as np
-import yaml
 import pytest
+import yaml
 
 import jkernel
 from jkernel.errors import Refusal
@@ -96,7 +95,8 @@ def test_posterior_reads_the_selected_entries_standard_errors(qwen):
                           / "cost-model-host-overheads.yaml").read_text())
     (entry,) = [e["host_serial"] for e in doc["coefficients"] if "host_serial" in e
                 and "h100" in e["host_serial"]["scope"]["hardware"]
-                and "engine_version" not in e["host_serial"]["scope"]]
+                and e["host_serial"]["scope"].get("engine_version", {}).get("from")
+                in (None, "0.23.0")]
     assert p.sd[i] == pytest.approx(entry["standard_error"] / entry["value"], rel=1e-3)
     assert p.values[i] == pytest.approx(float(qwen.params["host_serial"]))
     assert "cost-model-host-overheads" in p.origins[i]
@@ -276,3 +276,27 @@ def test_sla_probability_of_two_correlated_targets():
     fixed = {"itl_p90_s": np.full(10, 0.06)}
     assert sla_probability(fixed, {"itl_p90_s": 0.05}).probability == 0.0
     assert sla_probability(fixed, {"itl_p90_s": 0.07}).probability == 1.0
+
+
+@pytest.mark.parametrize("scenario", [
+    "qwen3-14b-h100-tp1",
+    str(Path(__file__).resolve().parents[1] / "validation" / "scenarios"
+        / "llama-2-7b-h100-tp1-vllm0.15.yaml")], ids=["vllm0.23", "vllm0.15"])
+def test_the_posterior_reads_the_entries_the_kernel_selected_for_its_engine_version(scenario):
+    """Entries scoped by engine version (the step-trace fit from vLLM 0.23 on, a serving fit
+    below it): the posterior and the extrapolation flags read the one the kernel priced with.
+    (Defect: they selected without the version, found no H100 step constants and called the
+    fitted deployment an unfitted chip.)"""
+    from jkernel.uncertainty.posterior import selected_entries
+
+    jkernel.enable_x64()
+    k = jkernel.open(scenario)
+    chosen = selected_entries(k)
+    version = k.inputs.scenario.engine_version
+    for name in ("host_serial", "compute_derate", "host_admission_per_request"):
+        e = chosen[name]
+        assert e.scope.engine_version is None or e.scope.engine_version.contains(version)
+        scale = 1e-6 if e.units.startswith("us") else 1.0
+        assert e.value * scale == pytest.approx(float(k.params[name]), rel=1e-12), name
+    if version == "0.23.0":                     # the step-trace fit's own deployment
+        assert not [f for f in assess(k, shipped_error_model()).flags if f.what == "chip"]

@@ -170,5 +170,6 @@ def selected_entries(kernel) -> dict:
 
     f = deployment_facts(kernel)
     chosen = select(kernel.inputs.coefficient_sets, hardware=f.hardware, model=f.model,
-                    tp=f.tp, ep=f.ep, nodes_spanned=f.nodes_spanned)
+                    tp=f.tp, ep=f.ep, nodes_spanned=f.nodes_spanned,
+                    engine_version=kernel.inputs.scenario.engine_version)
     return {name: e for name, (e, _) in chosen.items()}

@@ -122,7 +122,12 @@ def _truth(kernel, factor: float, jitter: float, front_s: float, seed: int):
         m = factor * math.exp(jitter * rng.standard_normal())
         return est._replace(expected_s=est.expected_s * m, no_overlap_s=est.no_overlap_s * m)
 
+    def pricer(*args, **kw):                 # what the replay prices its steps with
+        price = kernel.pricer(*args, **kw)
+        return lambda *a: price(*a) * factor * math.exp(jitter * rng.standard_normal())
+
     truth.step_time = step_time
+    truth.pricer = pricer
     truth.admission_overhead = lambda prompt: max(0.0, admit(prompt) + front_s)
     return truth
 
@@ -131,15 +136,16 @@ def test_synthetic_runs_with_known_constants_and_noise_are_covered_at_the_stated
     """Ground truth: each 'measured' run is the plain replay of a kernel at constants drawn
     from the posterior, with a known systematic step factor, per-step jitter and front end
     drawn from the error model; the intervals come from independent draws of the same model.
-    With 40 truths and three metrics the coverage of each level is within sampling error
-    (binomial, plus the interval's own estimation from 32 draws)."""
+    With 120 truths and three metrics the coverage of each level is within sampling error
+    (binomial, about 0.05 at 120 truths, plus the interval's own estimation from 32 draws;
+    40 truths put the 50 % level's 0.35 within that error, which is why there are 120)."""
     em = _model(sd=0.08, jitter=0.03, front=(0.004, 0.002))
     reqs = _requests(n=24, rate=2.0, seed=11)
     post = Posterior.from_kernel(kernel)
     res = replay_intervals(kernel, reqs, draws=32, error_model=em, posterior=post, seed=5)
     rng = np.random.default_rng(99)
     truths = []
-    for i in range(40):
+    for i in range(120):
         d = post.log_scales(1, rng)[0]
         params = kernel.params.replace(**{n: float(kernel.params[n]) * math.exp(x)
                                           for n, x in zip(post.names, d)})
@@ -152,7 +158,7 @@ def test_synthetic_runs_with_known_constants_and_noise_are_covered_at_the_stated
             _, lo, hi = interval(res.metrics[m].draws, level)
             hits += [lo <= t[m] <= hi for t in truths]
         cov = float(np.mean(hits))
-        assert abs(cov - level) < 0.15, (level, cov)
+        assert abs(cov - level) < 0.1, (level, cov)
 
 
 def test_replay_intervals_command_line(tmp_path):

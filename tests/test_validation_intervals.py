@@ -47,10 +47,11 @@ def test_residuals_cover_every_source_and_keep_the_held_out_split():
     table = pd.read_csv(DATA / "residuals.csv")
     assert set(table["source"]) == {"residency-vllm", "trainval", "llm-d", "llmservingsim"}
     assert (table[table["source"] == "residency-vllm"]["split"] == "fitted").sum() == 1
-    # the front end reads client-timed light loads only
+    # the front end reads client-timed light loads only; with the front end fitted by the
+    # serving calibration what is left of it scatters about zero, within a tenth of a second
     fe = table[table["ttft_residual_s"].notna()]
     assert set(fe["source"]) == {"residency-vllm", "trainval"}
-    assert fe["ttft_residual_s"].between(0.0, 0.1).all()
+    assert fe["ttft_residual_s"].abs().lt(0.1).all()
     assert table["step_log_ratio"].notna().all()
 
 

@@ -228,7 +228,7 @@ def serving_groups(root: str | Path, baseline: pd.DataFrame, fitted_range, *,
     rows = []
     for _, b in baseline.iterrows():
         run = runs.get((b["source"], b["run"]))
-        if run is None:
+        if run is None or run.source == "residency":    # residency_groups scores those
             continue
         if run.scenario not in kernels:
             kernels[run.scenario] = S.open_kernel(run.scenario)

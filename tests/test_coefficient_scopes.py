@@ -98,8 +98,9 @@ def test_outside_fitted_names_each_dimension_that_differs():
 
 
 def test_provenance_flags_a_deployment_outside_the_fitted_data():
-    """The shipped step constants of h100 were fitted on vLLM 0.23.0, Qwen3-14B, tp 1: a
-    deployment of that kind is inside, another engine version or model is flagged."""
+    """The shipped step constants of h100 from vLLM 0.23 on were fitted on vLLM 0.23.0,
+    Qwen3-14B, tp 1, those below it on the trainval runs at vLLM 0.15.1: a deployment of
+    either kind is inside, another model or engine version is flagged."""
     import jkernel
 
     from pathlib import Path
@@ -107,8 +108,13 @@ def test_provenance_flags_a_deployment_outside_the_fitted_data():
     inside = {p.name: p for p in jkernel.open("qwen3-14b-h100-tp1").provenance()}
     assert inside["host_serial"].fitted_on.startswith("h100; vLLM 0.23.0")
     assert inside["host_serial"].outside == ""
-    bundle = Path(__file__).resolve().parents[1] / "validation" / "scenarios" / \
-        "mistral-nemo-h100-tp1-vllm0.15.yaml"
-    other = {p.name: p for p in jkernel.open(bundle).provenance()}
-    assert "engine_version 0.15.1" in other["host_serial"].outside
-    assert "model mistral-nemo-instruct-2407" in other["host_serial"].outside
+    other = {p.name: p for p in jkernel.open("llama-3.1-8b-h100-tp1").provenance()}
+    assert "model llama-3.1-8b-instruct" in other["host_serial"].outside
+    scenarios = Path(__file__).resolve().parents[1] / "validation" / "scenarios"
+    trainval = {p.name: p for p in jkernel.open(
+        scenarios / "mistral-nemo-h100-tp1-vllm0.15.yaml").provenance()}
+    assert trainval["host_serial"].fitted_on.startswith("h100; vLLM 0.15.1")
+    assert trainval["host_serial"].outside == ""
+    older = {p.name: p for p in jkernel.open(
+        scenarios / "llama-4-scout-fp8-h100-tp4-vllm0.8.5.yaml").provenance()}
+    assert "engine_version 0.8.5" in older["host_serial"].outside

@@ -577,8 +577,10 @@ def test_calibrate_page_fitted_figures_are_the_catalogs():
     from jkernel.documents.coefficients import load_coefficient_set
 
     cs = load_coefficient_set(ROOT / "catalog/coefficients" / f"{origin.set}.yaml")
+    version = k.inputs.scenario.engine_version
     (entry,) = [e for e in cs.entries if e.name == "compute_derate"
-                and "h100" in (e.scope.hardware or ())]
+                and "h100" in (e.scope.hardware or ())
+                and (e.scope.engine_version is None or e.scope.engine_version.contains(version))]
     rec = re.findall(r"decode ([\d.]+), prefill ([\d.]+), decode slope ([\d.]+)× measured",
                      " ".join(entry.rationale.split()))
     assert len(rec) == 2                                   # last 30 %, second run

@@ -151,8 +151,8 @@ METHODS = {"measured", "literature", "vendor_spec", "copied", "assumed", "not_ch
            "fitted", "derived"}
 FIELDS = {"value", "units", "method", "fitted", "scope", "ci95", "sources", "rationale",
           "copied_from", "supersedes", "validated", "unsupported", "data_sha256", "rows",
-          "heldout_error", "standard_error", "identifiable"}
-SCOPE_KEYS = {"hardware", "model", "tp", "ep", "nodes_spanned"}
+          "heldout_error", "standard_error", "identifiable", "fitted_on"}
+SCOPE_KEYS = {"hardware", "model", "tp", "ep", "nodes_spanned", "engine_version"}
 
 
 def test_coefficient_sets_are_well_formed():
@@ -177,7 +177,11 @@ def test_coefficient_sets_are_well_formed():
             assert not body["fitted"] or body["method"] in ("measured", "fitted"), where
             scope = body["scope"]
             assert isinstance(scope, dict) and scope and set(scope) <= SCOPE_KEYS, where
-            assert all(isinstance(x, list) and x for x in scope.values()), where
+            assert all(isinstance(x, list) and x for k, x in scope.items()
+                       if k != "engine_version"), where
+            if "engine_version" in scope:               # a version range: {from, before}
+                assert set(scope["engine_version"]) <= {"from", "before"}, where
+                assert "from" in scope["engine_version"], where
             for chip in scope.get("hardware", []):
                 assert chip in CHIPS, (where, chip)
             if body["method"] in ("literature", "vendor_spec"):
@@ -195,7 +199,9 @@ def test_coefficient_sets_are_well_formed():
             if "ci95" in body:
                 lo, hi = body["ci95"]
                 assert lo <= v <= hi, where
-            key = (name, tuple(sorted((k, tuple(sorted(map(str, x)))) for k, x in scope.items())))
+            key = (name, tuple(sorted((k, tuple(sorted(map(str, x.items() if isinstance(x, dict)
+                                                           else x))))
+                                      for k, x in scope.items())))
             assert key not in seen, f"duplicate name and scope: {where}"
             seen.add(key)
 

@@ -871,22 +871,30 @@ def _replay_task(args):
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Ignore SIGINT in this (main) thread while worker processes are spawned: a spawned
-    process inherits the ignored disposition and Python keeps it, so a Ctrl-C that reaches
-    a worker still importing (before :func:`_init_worker` runs) neither kills it nor prints
-    its traceback; the parent stops the workers itself."""
+def _sigint_held():
+    """Hold Ctrl-C in this (main) thread while worker processes are spawned, then raise it.
+    SIGINT is blocked meanwhile: a spawned process inherits the blocked signal and Python
+    never unblocks it, so a Ctrl-C that reaches a worker still importing (before
+    :func:`_init_worker` runs) neither kills it nor prints its traceback, and the parent
+    stops the workers itself. One that reaches the parent meanwhile is kept, not lost (it
+    once was: SIGINT was ignored here, and a search interrupted while its workers started
+    ran to the end), and raised as KeyboardInterrupt when the spawning is done."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)    # a pending SIGINT lands in held
         signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 class _Runner:
@@ -958,7 +966,7 @@ class _Runner:
         if self._pool is not None:
             from concurrent.futures import as_completed
 
-            with _sigint_ignored():        # workers start ignoring Ctrl-C (see below)
+            with _sigint_held():           # workers start with Ctrl-C blocked (see above)
                 futs = {self._pool.submit(fn, it): i for i, it in enumerate(items)}
             for f in as_completed(futs):
                 i = futs[f]

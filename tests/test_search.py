@@ -252,6 +252,13 @@ def small():
     return search.plan("llama-3.1-8b-instruct", **SMALL)
 
 
+@pytest.fixture(scope="module")
+def small_point():
+    """The same search with point estimates only (no interval draws): what the tests of
+    how a search runs compare, at a third of the cost."""
+    return search.plan("llama-3.1-8b-instruct", **SMALL, sla_draws=0)
+
+
 def test_best_colocated_candidate_replayed_on_its_own_reproduces_the_table(small, tmp_path):
     best = small.table[small.table["replayed"]].iloc[0]
     cand = small.candidate(best["configuration"])
@@ -280,25 +287,26 @@ def test_table_columns_and_json(small):
     assert "tp1 w:ckpt kv:auto" in text
 
 
-def test_worker_processes_give_the_single_process_table(small):
-    par = search.plan("llama-3.1-8b-instruct", workers=2, **SMALL)
-    cols = [c for c in small.table.columns]
-    assert par.table[cols].equals(small.table[cols])
+def test_worker_processes_give_the_single_process_table(small_point):
+    par = search.plan("llama-3.1-8b-instruct", workers=2, **SMALL, sla_draws=0)
+    cols = [c for c in small_point.table.columns]
+    assert par.table[cols].equals(small_point.table[cols])
 
 
-def test_ray_local_cluster_gives_the_single_process_table(small):
+def test_ray_local_cluster_gives_the_single_process_table(small_point):
     ray = pytest.importorskip("ray", reason="ray is the optional extra jkernel[ray]")
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)                       # two workers
     try:
-        res = search.plan("llama-3.1-8b-instruct", ray_address=cluster.address, **SMALL)
+        res = search.plan("llama-3.1-8b-instruct", ray_address=cluster.address, **SMALL,
+                          sla_draws=0)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    cols = [c for c in small.table.columns]
-    assert res.table[cols].equals(small.table[cols])
+    cols = [c for c in small_point.table.columns]
+    assert res.table[cols].equals(small_point.table[cols])
 
 
 # -- plans by probability ------------------------------------------------------------------

@@ -55,6 +55,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from jkernel.calibration.data.serving import PREFIXES, prefix_columns
+
 __all__ = ["SOURCES", "METRICS", "PREFIX_HIT", "PREFIXES", "ENGINE_CLOCK", "Run", "discover",
            "held_out", "family", "requests_for", "measured", "predicted", "compare", "replay_run",
            "baseline", "medians", "prefix_study", "markdown", "manifest_document",
@@ -72,7 +74,6 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 #: :func:`prefix_study` before any constant was looked at (validation/BASELINE.md, "Prefix
 #: caching").
 PREFIX_HIT = "prompt"
-PREFIXES = ("none", "system", "prompt")
 
 #: Sources whose times run on the engine's clock from its arrival (no API server before
 #: them): replayed without the front end's overheads (admission, output token, completion).
@@ -198,31 +199,6 @@ def discover(root: str | Path, sources=SOURCES, runs=None) -> list[Run]:
 # --------------------------------------------------------------------------------------
 # Requests
 
-def _prefix_columns(df: pd.DataFrame, prefix: str, block: int) -> pd.DataFrame:
-    """A trainval request table with the prefix-cache columns the replay reads
-    (``prefix_group`` + ``prefix_length``, or ``block_hashes``) for hypothesis ``prefix``."""
-    df = df.drop(columns=[c for c in ("prefix_length", "block_hashes") if c in df.columns])
-    if prefix == "none":
-        return df.drop(columns=["prefix_group"])
-    if prefix == "system":
-        df["prefix_length"] = df["shared_prefix_tokens"].astype(int)
-        return df
-    if prefix != "prompt":
-        raise ValueError(f"prefix must be one of {PREFIXES}, not {prefix!r}")
-    # Full blocks of the system prompt are keyed by the group (shared by its 10 prompts),
-    # the rest by the prompt (repeated every 100 requests); vLLM chains block hashes, so a
-    # block after the first prompt-keyed one can never match another prompt's.
-    hashes = []
-    for group, pid, sys_len, n in zip(df["prefix_group"], df["prompt_id"],
-                                      df["shared_prefix_tokens"], df["input_tokens"]):
-        shared = int(sys_len) // block
-        hashes.append(" ".join(str(1_000_000 + int(group) * 10_000 + j) if j < shared else
-                               str(2_000_000_000 + int(pid) * 100_000 + j)
-                               for j in range(int(n) // block)))
-    df["block_hashes"] = hashes
-    return df.drop(columns=["prefix_group"])
-
-
 def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
                  limit: int | None = None) -> pd.DataFrame:
     """The run's request table as the replay reads it (:func:`jkernel.replay.load_requests`),
@@ -235,7 +211,8 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
         return df.head(limit).copy() if limit else df
     df = pd.read_csv(run.requests)
     if run.source == "trainval":      # the prefix rule first: the replay refuses a group
-        df = _prefix_columns(df, prefix, block)     # column without its prefix length
+        df = prefix_columns(df, prefix, block,      # column without its prefix length
+                            file=str(run.requests))
     df = validate_requests(df, source=str(run.requests))
     if limit:
         df = df.head(limit).copy()

@@ -401,6 +401,23 @@ def write_set(path: Path, cs: CoefficientSet) -> None:
     write_text(path, header + text)
 
 
+def _write_entries(root: Path, entries: Iterable[Entry],
+                   say: Callable[[str], None]) -> dict[str, list[str]]:
+    """Merge ``entries`` into the catalog's coefficient sets under ``root`` (each into its
+    standard set, by the replacement rule); set name → the names written."""
+    new: dict[str, list[Entry]] = {}
+    for e in entries:
+        new.setdefault(set_for(e.name), []).append(e)
+    written = {}
+    for sname, ents in new.items():
+        path = root / "coefficients" / f"{sname}.yaml"
+        existing = load_coefficient_set(path).entries if path.exists() else ()
+        write_set(path, CoefficientSet(sname, tuple(merge_entries(existing, ents))))
+        written[sname] = [e.name for e in ents]
+        say(f"{path}: wrote {', '.join(e.name for e in ents)}")
+    return written
+
+
 # --------------------------------------------------------------------------------------
 # Scenarios
 # --------------------------------------------------------------------------------------
@@ -549,17 +566,8 @@ def regenerate_steps(residency_root: str | Path, *, catalog: str | Path | None =
     cite = (f"inference-sim/residency-vllm @ 2641b576: {STEP_RUNS[0]} (fitted) and "
             f"{STEP_RUNS[1]} (held out), vLLM 0.23.0, Qwen3-14B bf16, one H100 80GB")
     cmd = f"python -m jkernel.calibration.regenerate --steps {residency_root}"
-    new: dict[str, list[Entry]] = {}
-    for e in step_entries(cal, hardware=hardware, cite=cite, command=cmd,
-                          fitted_on=STEP_FITTED_ON):
-        new.setdefault(set_for(e.name), []).append(e)
-    written = {}
-    for sname, ents in new.items():
-        path = root / "coefficients" / f"{sname}.yaml"
-        existing = load_coefficient_set(path).entries if path.exists() else ()
-        write_set(path, CoefficientSet(sname, tuple(merge_entries(existing, ents))))
-        written[sname] = [e.name for e in ents]
-        say(f"{path}: wrote {', '.join(e.name for e in ents)}")
+    written = _write_entries(root, step_entries(cal, hardware=hardware, cite=cite, command=cmd,
+                                                fitted_on=STEP_FITTED_ON), say)
     checks = check_scenarios(root)
     bad = [c for c in checks if isinstance(c[2], str)]
     return {"calibration": cal, "written": written, "checks": checks, "failed": bad}
@@ -676,16 +684,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
         done = _completion_entry(Path(residency), tuple(chips), STEP_RUNS)
         if done is not None:
             entries.append(done)
-    new: dict[str, list[Entry]] = {}
-    for e in entries:
-        new.setdefault(set_for(e.name), []).append(e)
-    written = {}
-    for sname, ents in new.items():
-        path = root / "coefficients" / f"{sname}.yaml"
-        existing = load_coefficient_set(path).entries if path.exists() else ()
-        write_set(path, CoefficientSet(sname, tuple(merge_entries(existing, ents))))
-        written[sname] = [e.name for e in ents]
-        say(f"{path}: wrote {', '.join(e.name for e in ents)}")
+    written = _write_entries(root, entries, say)
     text = serving_report(fits, command=cmd, manifest=str(manifest))
     if reports:
         out = Path(reports) / "serving.md"

@@ -1164,3 +1164,40 @@ def test_graph_facts_come_from_the_kind_plans_not_the_raw_graph():
     a = jkernel.new(inputs)
     b = jkernel.new(dataclasses.replace(inputs, model=unused))
     assert a.plan == b.plan and a.provenance() == b.provenance()
+
+
+def _mutable_parts(value, path: str, out: list, depth: int = 0) -> None:
+    """Paths under ``value`` that hold something a caller could change in place."""
+    if isinstance(value, (dict, list, set, bytearray)) or hasattr(value, "__array__"):
+        out.append(path)
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if not type(value).__dataclass_params__.frozen:
+            out.append(path)
+        for f in dataclasses.fields(value):
+            _mutable_parts(getattr(value, f.name), f"{path}.{f.name}", out, depth + 1)
+    elif isinstance(value, (tuple, frozenset)):
+        for i, v in enumerate(value):
+            _mutable_parts(v, f"{path}[{i}]", out, depth + 1)
+
+
+@pytest.mark.parametrize("source", ["spec", "catalog"])
+def test_documents_a_kernel_shares_are_immutable_and_its_devices_are_its_own(source):
+    """`new` shares the documents of its Inputs instead of deep-copying them (a deep copy of
+    every coefficient set cost a 16-GPU plan ~8 s): that is safe only while every document
+    is frozen all the way down, which this holds, and the one mapping, the storage
+    devices, is copied so that a caller editing it afterwards changes no built kernel."""
+    inputs = inputs_for(**DS) if source == "spec" else \
+        jkernel.open("qwen3-14b-h100-tp1").inputs
+    found: list = []
+    for f in dataclasses.fields(inputs):
+        if f.name != "devices":
+            _mutable_parts(getattr(inputs, f.name), f.name, found)
+    for name, dev in inputs.devices.items():
+        _mutable_parts(dev, f"devices[{name!r}]", found)
+    assert found == []
+    devices = dict(inputs.devices)
+    mine = dataclasses.replace(inputs, devices=devices)
+    k = jkernel.new(mine)
+    devices.clear()
+    assert k.inputs.devices == inputs.devices

@@ -153,24 +153,3 @@ def test_regimes_classify_batches():
     assert classify(s, 1, np.array([0, HOST_RESOURCE, 1, 1])).tolist()[1] == Regime.HOST
     assert classify_one([4, 1], decode_threshold=4) is Regime.DECODE
     assert [r.label for r in REGIMES] == ["decode", "prefill", "mixed", "host"]
-
-
-def test_the_flat_classification_of_priced_rows_is_the_regimes():
-    """The lockstep classifies its rows from the flat token list it builds them from; it
-    agrees with jkernel.regimes.classify on the padded matrix, empty rows included."""
-    from jkernel.replay.lockstep import _regimes
-
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        n = int(rng.integers(1, 6))
-        lens = rng.integers(0, 5, n)
-        rows = [rng.choice([0, 1, 2, 300], int(ln)) for ln in lens]
-        sched = np.concatenate(rows).astype(np.int32)
-        starts = np.cumsum(lens) - lens
-        thr = rng.integers(1, 3, n).astype(np.int32)
-        neck = rng.integers(0, 5, n)
-        padded = np.zeros((n, max(1, int(lens.max()))), np.int32)
-        for i, r in enumerate(rows):
-            padded[i, :len(r)] = r
-        np.testing.assert_array_equal(_regimes(sched, lens, starts, thr, neck),
-                                      classify(padded, thr, neck))

@@ -41,10 +41,10 @@ import numpy as np
 
 from ..batch import bucket_for
 from ..params import Params
-from ..regimes import HOST_RESOURCE, REGIMES, Regime, classify
+from ..regimes import REGIMES, classify
 from ..step import BatchArrays
 from .api import Prepared, ReplayResult, prepare
-from .sim import Pool, Simulation, step_ticks, ticks
+from .sim import Pool, Simulation, gc_paused, step_ticks, ticks
 
 __all__ = ["Variant", "VariantSimulation", "Lockstep", "paired_program", "lockstep_replay"]
 
@@ -216,19 +216,20 @@ class Lockstep:
     def run(self) -> list[ReplayResult]:
         """Run every variant to its end; their results, in variant order."""
         sims = self.sims
-        pending = [s.advance() for s in sims]
-        active = [i for i, p in enumerate(pending) if p is not None]
-        while active:
-            self.iterations += 1
-            durations = self._price([(i, pending[i]) for i in active])
-            still = []
-            for i in active:
-                sims[i].complete(durations[i])
-                nxt = sims[i].advance()
-                pending[i] = nxt
-                if nxt is not None:
-                    still.append(i)
-            active = still
+        with gc_paused():
+            pending = [s.advance() for s in sims]
+            active = [i for i, p in enumerate(pending) if p is not None]
+            while active:
+                self.iterations += 1
+                durations = self._price([(i, pending[i]) for i in active])
+                still = []
+                for i in active:
+                    sims[i].complete(durations[i])
+                    nxt = sims[i].advance()
+                    pending[i] = nxt
+                    if nxt is not None:
+                        still.append(i)
+                active = still
         return [self.prepared[v.workload].result(s) for v, s in zip(self.variants, sims)]
 
     def _price(self, items: list) -> dict[int, int]:
@@ -240,43 +241,37 @@ class Lockstep:
             j = 0 if pool is self.sims[i].pools[0] else 1
             acc = by_pool.get(j)
             if acc is None:
-                acc = by_pool[j] = ([], [], [], [], [], [])
-            owner, sched, comp, lens, pads, thrs = acc
-            for sc, co, pad in pool.rows(cur):
+                acc = by_pool[j] = ([], [], [])
+            owner, rows, thrs = acc
+            for row in pool.rows(cur):
                 owner.append(i)
-                sched.extend(sc)
-                comp.extend(co)
-                lens.append(len(sc))
-                pads.append(pad)
+                rows.append(row)
                 thrs.append(pool.decode_threshold)
         if self._jitter:
             z = self._rng.standard_normal(len(self.variants))
         seconds = np.zeros(len(self.variants))
-        for j, (owner, sched, comp, lens, pads, thrs) in by_pool.items():
+        for j, (owner, rows, thrs) in by_pool.items():
             kernel = self.layout[j][0]
             n = len(owner)
-            lens = np.array(lens)
-            sched = np.array(sched, np.int32)
-            width = bucket_for(int(lens.max()), kernel.buckets)
+            width = bucket_for(max(len(r[0]) for r in rows), kernel.buckets)
             # the row count padded to a power of two: few shapes, few compilations
             m = 1 << max(0, (n - 1).bit_length())
-            starts = np.cumsum(lens) - lens
-            rows = np.repeat(np.arange(n), lens)
-            cols = np.arange(len(sched)) - np.repeat(starts, lens)
             s = np.zeros((m, width), np.int32)
             c = np.zeros((m, width), np.int32)
-            s[rows, cols] = sched
-            c[rows, cols] = comp
-            thr = np.array(thrs, np.int32)
             scal = np.zeros((m, 3), np.int32)
             scal[:, 0] = 1
+            for r, (sc, co, pad) in enumerate(rows):
+                k = len(sc)
+                s[r, :k] = sc
+                c[r, :k] = co
+                scal[r, 2] = pad
+            thr = np.array(thrs, np.int32)
             scal[:n, 0] = thr
-            scal[:n, 2] = pads
             var = np.zeros(m, np.int64)
             var[:n] = owner
             secs, neck = self._programs[j](self._flat[j][var], s, c, scal)
             var = var[:n]
-            regime = _regimes(sched, lens, starts, thr, np.asarray(neck)[:n])
+            regime = classify(s[:n], thr, np.asarray(neck)[:n])
             logf = self._log_factor[var, regime]
             if self._jitter:
                 logf = logf + self._step_sd[var, regime] * z[var]
@@ -285,22 +280,6 @@ class Lockstep:
             np.maximum.at(seconds, var, secs)
         sec = seconds.tolist()
         return {i: step_ticks(sec[i]) for i, _ in items}
-
-
-def _regimes(sched: np.ndarray, lens: np.ndarray, starts: np.ndarray, thr: np.ndarray,
-             neck: np.ndarray) -> np.ndarray:
-    """:func:`jkernel.regimes.classify` of rows given flat: ``sched`` the rows' scheduled
-    tokens one after the other (``lens`` each, from ``starts``), ``thr`` their decode
-    thresholds, ``neck`` their bottlenecks (no padded matrix to scan)."""
-    # a zero after the last row, so that every start (an empty last row's too) indexes it
-    over = np.append(sched > np.repeat(thr, lens), False).astype(np.int32)
-    busy = np.append(sched > 0, False).astype(np.int32)
-    pre = np.where(lens > 0, np.add.reduceat(over, starts), 0)
-    pos = np.where(lens > 0, np.add.reduceat(busy, starts), 0) - pre
-    out = np.where((pre > 0) & (pos > 0), Regime.MIXED,
-                   np.where(pre > 0, Regime.PREFILL, Regime.DECODE)).astype(np.int8)
-    out[neck == HOST_RESOURCE] = Regime.HOST
-    return out
 
 
 def lockstep_replay(kernels: Sequence, workloads: Sequence, variants: Sequence[Variant], *,

@@ -23,7 +23,7 @@ import numpy as np
 
 from .step import RESOURCES
 
-__all__ = ["Regime", "REGIMES", "HOST_RESOURCE", "classify", "classify_one"]
+__all__ = ["Regime", "REGIMES", "HOST_RESOURCE", "classify", "classify_one", "classify_row"]
 
 
 class Regime(enum.IntEnum):
@@ -63,6 +63,20 @@ def classify(scheduled: np.ndarray, decode_threshold, bottleneck=None) -> np.nda
     if bottleneck is not None:
         out[np.asarray(bottleneck) == HOST_RESOURCE] = Regime.HOST
     return out
+
+
+def classify_row(scheduled, decode_threshold, bottleneck):
+    """:func:`classify` of one batch inside traced code (``jax.numpy``; ``vmap`` it over
+    rows): ``scheduled`` ``(R,)`` zero-padded tokens, ``decode_threshold`` and
+    ``bottleneck`` scalars. The regime index as an int32 scalar; a test holds it equal to
+    :func:`classify`."""
+    import jax.numpy as jnp
+
+    prefill = jnp.any(scheduled > decode_threshold)
+    decode = jnp.any((scheduled > 0) & (scheduled <= decode_threshold))
+    out = jnp.where(prefill & decode, int(Regime.MIXED),
+                    jnp.where(prefill, int(Regime.PREFILL), int(Regime.DECODE)))
+    return jnp.where(bottleneck == HOST_RESOURCE, int(Regime.HOST), out).astype(jnp.int32)
 
 
 def classify_one(scheduled, decode_threshold: int = 1, bottleneck: int | None = None

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 import jkernel
-from jkernel.regimes import HOST_RESOURCE, REGIMES, Regime, classify, classify_one
+from jkernel.regimes import (HOST_RESOURCE, REGIMES, Regime, classify, classify_one,
+                             classify_row)
 from jkernel.replay import replay, replay_disaggregated
 from jkernel.replay.lockstep import Variant, lockstep_replay, paired_program
 
@@ -129,12 +130,13 @@ def test_paired_program_prices_each_row_at_its_own_constants(kernel):
     c = np.zeros((2, 16), np.int32)
     s[:, :3], c[:, :3] = 1, 1000
     scal = np.array([[1, 0, 0], [1, 0, 0]], np.int32)
-    secs, neck = paired_program(kernel.step_fn, names, "expected_s")(flat, s, c, scal)
+    secs, neck, regime = paired_program(kernel.step_fn, names, "expected_s")(flat, s, c, scal)
     one = kernel.step_time(scheduled=np.ones(3, np.int32), computed=np.full(3, 1000, np.int32))
     assert float(secs[0]) == pytest.approx(one.expected_s, rel=1e-12)
     hs = float(kernel.params["host_serial"])
     assert float(secs[1]) - float(secs[0]) == pytest.approx(hs, rel=1e-9)
     assert int(neck[0]) == one.bottleneck
+    assert int(regime[0]) == Regime.DECODE
 
 
 def test_variant_refuses_bad_values():
@@ -153,3 +155,22 @@ def test_regimes_classify_batches():
     assert classify(s, 1, np.array([0, HOST_RESOURCE, 1, 1])).tolist()[1] == Regime.HOST
     assert classify_one([4, 1], decode_threshold=4) is Regime.DECODE
     assert [r.label for r in REGIMES] == ["decode", "prefill", "mixed", "host"]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_traced_classification_of_a_row_is_the_regimes(jit):
+    """The lockstep classifies its priced rows inside the pricing program
+    (jkernel.regimes.classify_row, vmapped); it agrees with classify on the padded matrix,
+    empty rows and host-bound rows included."""
+    import jax
+
+    fn = jax.vmap(classify_row)
+    if jit:
+        fn = jax.jit(fn)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n, r = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        s = rng.choice([0, 1, 2, 300], (n, r)).astype(np.int32)
+        thr = rng.integers(1, 3, n).astype(np.int32)
+        neck = rng.integers(0, len(jkernel.RESOURCES), n).astype(np.int32)
+        np.testing.assert_array_equal(np.asarray(fn(s, thr, neck)), classify(s, thr, neck))

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..batch import bucket_for
 from ..params import Params
-from ..regimes import REGIMES, classify
+from ..regimes import REGIMES, classify_row
 from ..step import BatchArrays
 from .api import Prepared, ReplayResult, prepare
 from .sim import Pool, Simulation, gc_paused, step_ticks, ticks
@@ -94,14 +94,16 @@ class Variant:
 @functools.lru_cache(maxsize=32)
 def paired_program(step_fn, names: tuple[str, ...], clock: str):
     """A jitted ``(flat (N, P), scheduled (N, R), computed (N, R), scalars (N, 3)) →
-    (seconds (N,), bottleneck (N,))``: row *i* priced by ``step_fn`` at the parameters of
-    row *i* of ``flat`` (columns in ``names`` order), the clock figure ``clock``
-    (``expected_s`` or ``no_overlap_s``). Cached per step function, names and clock."""
+    (seconds (N,), bottleneck (N,), regime (N,))``: row *i* priced by ``step_fn`` at the
+    parameters of row *i* of ``flat`` (columns in ``names`` order), the clock figure
+    ``clock`` (``expected_s`` or ``no_overlap_s``), its bottleneck resource and its
+    regime (:func:`jkernel.regimes.classify_row`, decode threshold ``scalars[:, 0]``).
+    Cached per step function, names and clock."""
 
     def one(flat, s, c, scal):
         p = Params({n: flat[i] for i, n in enumerate(names)})
         est = step_fn(p, BatchArrays(s, c, s > 0, scal[0], scal[1], scal[2]))
-        return getattr(est, clock), est.bottleneck
+        return getattr(est, clock), est.bottleneck, classify_row(s, scal[0], est.bottleneck)
 
     return jax.jit(jax.vmap(one))
 
@@ -241,8 +243,9 @@ class Lockstep:
             j = 0 if pool is self.sims[i].pools[0] else 1
             acc = by_pool.get(j)
             if acc is None:
-                acc = by_pool[j] = ([], [], [])
-            owner, rows, thrs = acc
+                acc = by_pool[j] = ([], [], [], [0])
+            owner, rows, thrs, count = acc
+            count[0] += 1
             for row in pool.rows(cur):
                 owner.append(i)
                 rows.append(row)
@@ -250,7 +253,7 @@ class Lockstep:
         if self._jitter:
             z = self._rng.standard_normal(len(self.variants))
         seconds = np.zeros(len(self.variants))
-        for j, (owner, rows, thrs) in by_pool.items():
+        for j, (owner, rows, thrs, count) in by_pool.items():
             kernel = self.layout[j][0]
             n = len(owner)
             width = bucket_for(max(len(r[0]) for r in rows), kernel.buckets)
@@ -265,19 +268,21 @@ class Lockstep:
                 s[r, :k] = sc
                 c[r, :k] = co
                 scal[r, 2] = pad
-            thr = np.array(thrs, np.int32)
-            scal[:n, 0] = thr
+            scal[:n, 0] = thrs
             var = np.zeros(m, np.int64)
             var[:n] = owner
-            secs, neck = self._programs[j](self._flat[j][var], s, c, scal)
+            secs, _, regime = self._programs[j](self._flat[j][var], s, c, scal)
             var = var[:n]
-            regime = classify(s[:n], thr, np.asarray(neck)[:n])
+            regime = np.asarray(regime)[:n]
             logf = self._log_factor[var, regime]
             if self._jitter:
                 logf = logf + self._step_sd[var, regime] * z[var]
             secs = np.asarray(secs)[:n] * np.exp(logf)
             self.priced_rows += n
-            np.maximum.at(seconds, var, secs)
+            if n == count[0]:                      # one row per variant: no replicas to max
+                seconds[var] = secs
+            else:
+                np.maximum.at(seconds, var, secs)
         sec = seconds.tolist()
         return {i: step_ticks(sec[i]) for i, _ in items}
 

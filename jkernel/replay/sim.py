@@ -337,12 +337,20 @@ class Simulation:
         engine.inflight = cur
         self._push(t + dur, _STEP_END, engine)
         pool.steps += 1
-        usage = max(r.usage() for r in engine.replicas)
+        replicas = engine.replicas
+        if len(replicas) == 1:
+            usage = replicas[0].usage()
+            tokens = [x[1] for x in cur[0]]
+        else:
+            usage = max(r.usage() for r in replicas)
+            tokens = [x[1] for b in cur for x in b]
         if usage > self.kv_usage_peak:
             self.kv_usage_peak = usage
-        nreq = sum(len(b) for b in cur)
-        tok = sum(x[1] for b in cur for x in b)
-        pre = sum(x[1] for b in cur for x in b if x[1] > pool.decode_threshold)
+        nreq = len(tokens)
+        tok = sum(tokens)
+        thr = pool.decode_threshold
+        # prefill tokens: most steps are decodes only, which max() tells without a loop
+        pre = sum([x for x in tokens if x > thr]) if tokens and max(tokens) > thr else 0
         engine.inflight_step = len(self.step_log)
         self.step_log.append((pool.name, engine.index, t, dur, nreq, tok, pre, usage))
         rec = self.record
@@ -359,11 +367,19 @@ class Simulation:
         pool = engine.pool
         tok_us = t + pool.output_token_us
         output = self._output
+        tokens_us = self.tokens_us
         for replica, items in zip(engine.replicas, per):
             for seq, _n, _before, samples in items:
                 if not samples:
                     continue
                 rid = seq.rid
+                times = tokens_us[rid]
+                if times and not seq.prefill_only:    # a later token: the common case
+                    times.append(tok_us)
+                    if len(times) < output[rid]:
+                        continue
+                    self._finish(engine, replica, seq, tok_us)
+                    continue
                 if seq.prefill_only:
                     # The prefill pool's token is discarded; the KV cache moves on.
                     self._leave(replica, seq)
@@ -375,27 +391,31 @@ class Simulation:
                     seq.replica = replica
                     self._push(t + xfer, _XFER_DONE, (seq, dst))
                     continue
-                times = self.tokens_us[rid]
-                if not times:
-                    self.first_us[rid] = tok_us
-                    if self.record is not None:
-                        self.record.first_step[rid] = engine.inflight_step
+                # its first token
+                self.first_us[rid] = tok_us
+                if self.record is not None:
+                    self.record.first_step[rid] = engine.inflight_step
                 times.append(tok_us)
                 if len(times) >= output[rid]:
-                    self.finish_us[rid] = tok_us + pool.completion_us
-                    if self.record is not None:
-                        self.record.last_step[rid] = engine.inflight_step
-                    self.preemptions[rid] = seq.preemptions
-                    if not self.disaggregated:
-                        self.cached_tokens[rid] = seq.cached_tokens
-                    replica.release(seq)
-                    self._leave(replica, seq)
-                    self._done += 1
-                    if self._progress is not None:
-                        self._progress.update(1)
-                    if self._clients is not None:      # a client sends its next request
-                        for nxt, at in self._clients.finished(rid, self.finish_us[rid]):
-                            self._send(nxt, at)
+                    self._finish(engine, replica, seq, tok_us)
+
+    def _finish(self, engine: Engine, replica: Replica, seq: Seq, tok_us: int) -> None:
+        """``seq``'s last token reaches the client at ``tok_us``: it completes and leaves."""
+        rid = seq.rid
+        self.finish_us[rid] = tok_us + engine.pool.completion_us
+        if self.record is not None:
+            self.record.last_step[rid] = engine.inflight_step
+        self.preemptions[rid] = seq.preemptions
+        if not self.disaggregated:
+            self.cached_tokens[rid] = seq.cached_tokens
+        replica.release(seq)
+        self._leave(replica, seq)
+        self._done += 1
+        if self._progress is not None:
+            self._progress.update(1)
+        if self._clients is not None:      # a client sends its next request
+            for nxt, at in self._clients.finished(rid, self.finish_us[rid]):
+                self._send(nxt, at)
 
     @staticmethod
     def _leave(replica: Replica, seq: Seq) -> None:

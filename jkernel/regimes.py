@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 
+import jax.numpy as jnp
 import numpy as np
 
 from .step import RESOURCES
@@ -70,8 +71,6 @@ def classify_row(scheduled, decode_threshold, bottleneck):
     rows): ``scheduled`` ``(R,)`` zero-padded tokens, ``decode_threshold`` and
     ``bottleneck`` scalars. The regime index as an int32 scalar; a test holds it equal to
     :func:`classify`."""
-    import jax.numpy as jnp
-
     prefill = jnp.any(scheduled > decode_threshold)
     decode = jnp.any((scheduled > 0) & (scheduled <= decode_threshold))
     out = jnp.where(prefill & decode, int(Regime.MIXED),

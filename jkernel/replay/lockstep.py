@@ -243,9 +243,9 @@ class Lockstep:
             j = 0 if pool is self.sims[i].pools[0] else 1
             acc = by_pool.get(j)
             if acc is None:
-                acc = by_pool[j] = ([], [], [], [0])
-            owner, rows, thrs, count = acc
-            count[0] += 1
+                acc = by_pool[j] = ([], [], [], [])
+            owner, rows, thrs, stepping = acc
+            stepping.append(i)
             for row in pool.rows(cur):
                 owner.append(i)
                 rows.append(row)
@@ -253,7 +253,7 @@ class Lockstep:
         if self._jitter:
             z = self._rng.standard_normal(len(self.variants))
         seconds = np.zeros(len(self.variants))
-        for j, (owner, rows, thrs, count) in by_pool.items():
+        for j, (owner, rows, thrs, stepping) in by_pool.items():
             kernel = self.layout[j][0]
             n = len(owner)
             width = bucket_for(max(len(r[0]) for r in rows), kernel.buckets)
@@ -279,7 +279,7 @@ class Lockstep:
                 logf = logf + self._step_sd[var, regime] * z[var]
             secs = np.asarray(secs)[:n] * np.exp(logf)
             self.priced_rows += n
-            if n == count[0]:                      # one row per variant: no replicas to max
+            if n == len(stepping):                 # one row per variant: no replicas to max
                 seconds[var] = secs
             else:
                 np.maximum.at(seconds, var, secs)

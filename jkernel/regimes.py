@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -70,11 +71,16 @@ def classify_row(scheduled, decode_threshold, bottleneck):
     """:func:`classify` of one batch inside traced code (``jax.numpy``; ``vmap`` it over
     rows): ``scheduled`` ``(R,)`` zero-padded tokens, ``decode_threshold`` and
     ``bottleneck`` scalars. The regime index as an int32 scalar; a test holds it equal to
-    :func:`classify`."""
-    prefill = jnp.any(scheduled > decode_threshold)
-    decode = jnp.any((scheduled > 0) & (scheduled <= decode_threshold))
-    out = jnp.where(prefill & decode, int(Regime.MIXED),
-                    jnp.where(prefill, int(Regime.PREFILL), int(Regime.DECODE)))
+    :func:`classify`.
+
+    One reduction over the requests (a bit per kind of request, OR-ed): a program with a
+    second one crossed the size at which XLA's CPU runtime stops running it inline
+    (``benchmarks/RESULTS.md``) at 64-request rows and cost ~4 × as much."""
+    s = jnp.asarray(scheduled)
+    code = jnp.where(s > decode_threshold, 1, jnp.where(s > 0, 2, 0)).astype(jnp.int32)
+    kinds = jax.lax.reduce(code, np.int32(0), jax.lax.bitwise_or, (code.ndim - 1,))
+    out = jnp.where(kinds == 3, int(Regime.MIXED),
+                    jnp.where(kinds == 1, int(Regime.PREFILL), int(Regime.DECODE)))
     return jnp.where(bottleneck == HOST_RESOURCE, int(Regime.HOST), out).astype(jnp.int32)
 
 

@@ -310,6 +310,14 @@ class Kernel:
         t = _v.whole("prompt_tokens", prompt_tokens)
         return float(_overheads.admission_overhead(self.params, t))
 
+    def admission_overheads(self, prompt_tokens) -> np.ndarray:
+        """:meth:`admission_overhead` of many prompts in one vectorised call:
+        ``prompt_tokens`` ``(n,)`` whole counts ≥ 0 → seconds ``(n,)`` (float64 numpy),
+        each the figure ``admission_overhead`` gives for it, to the bit. A replay prices
+        every prompt length of its workload with it up front."""
+        t = _v.tokens_array("prompt_tokens", prompt_tokens)
+        return np.asarray(_overheads.admission_overhead(self.params, t), np.float64)
+
     def output_token_overhead(self) -> float:
         return float(_overheads.output_token_overhead(self.params))
 

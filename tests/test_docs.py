@@ -639,6 +639,7 @@ def test_api_page_signatures_are_the_programs():
              "k.price_many": k.price_many, "k.price_sweep": k.price_sweep,
              "k.tier_time": k.tier_time, "k.pd_transfer_time": k.pd_transfer_time,
              "k.admission_overhead": k.admission_overhead,
+             "k.admission_overheads": k.admission_overheads,
              "k.sequence_variable_bytes": k.sequence_variable_bytes}
     seen = set()
     for name, fn in calls.items():

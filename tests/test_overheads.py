@@ -84,6 +84,33 @@ def test_admission_per_request_term():
     assert k2.admission_overhead(0) == 0.0
 
 
+@pytest.mark.parametrize("per_request", [False, True])
+def test_admission_overheads_are_the_scalar_figures_of_each_prompt(per_request):
+    """Kernel.admission_overheads prices many prompts in one call (the replay primes its
+    workload's prompt lengths with it): each entry is admission_overhead of that prompt,
+    to the bit, zero included, with and without a per-request term; a negative or
+    fractional count, or a table, is refused as the scalar method refuses it."""
+    import numpy as np
+    from jkernel.documents import CoefficientSet, Entry, Scope
+
+    k2 = spec_kernel()
+    if per_request:
+        inputs = jkernel.open_inputs(SCENARIO, SPEC_REPOS)
+        extra = CoefficientSet("extra", (Entry("host_admission_per_request", 123.4,
+                                               "us_per_request", "assumed", False,
+                                               Scope(hardware=("h200",)), rationale="test"),))
+        k2 = jkernel.new(dataclasses.replace(
+            inputs, coefficient_sets=inputs.coefficient_sets + (extra,)))
+    prompts = [0, 1, 7, 1000, 4097, 131_072, 2**31 - 1]
+    got = k2.admission_overheads(prompts)
+    assert got.dtype == np.float64 and got.shape == (len(prompts),)
+    assert got.tolist() == [k2.admission_overhead(p) for p in prompts]
+    assert k2.admission_overheads(np.array([], np.int32)).shape == (0,)
+    for bad in ([-1], [1.5], [[1, 2]]):
+        with pytest.raises(jkernel.ArgumentError, match="prompt_tokens"):
+            k2.admission_overheads(bad)
+
+
 def test_admission_gradient_is_finite():
     """The methods are pure functions of the Params pytree: jax.grad of admission_overhead
     over it is finite everywhere, with d/d(per token) = prompt tokens and d/d(per request) = 1

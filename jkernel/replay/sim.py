@@ -135,6 +135,17 @@ class Pool:
         the token lists written into reused buffers, one figure read back)."""
         return self._pricer(sched, comp, pad)
 
+    def prime_admission(self, prompts) -> None:
+        """Price the admission of every prompt length in ``prompts`` not yet priced, in one
+        vectorised call (:meth:`jkernel.Kernel.admission_overheads`; one scalar call per
+        length cost ~20 µs, a tenth of a replay whose prompts all differ)."""
+        new = [p for p in np.unique(np.asarray(prompts, np.int64)).tolist()
+               if p not in self._admission]
+        if new:
+            secs = self.kernel.admission_overheads(new).tolist()
+            for p, s in zip(new, secs):
+                self._admission[p] = ticks(s)
+
     def admission_us(self, prompt: int) -> int:
         us = self._admission.get(prompt)
         if us is None:
@@ -219,6 +230,8 @@ class Simulation:
         self.prompt = np.asarray(prompt, np.int64)
         self.output = np.asarray(output, np.int64)
         self._output = self.output.tolist()      # read per token: plain ints are cheaper
+        for pool in pools:
+            pool.prime_admission(self.prompt)
         n = len(self.arrival_us)
         self.hashes = hashes if hashes is not None else [()] * n
         self.n = n

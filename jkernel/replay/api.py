@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, field
 
@@ -275,14 +276,22 @@ def _collect(prep: Prepared, sim: Simulation) -> ReplayResult:
     sent_us = arrival_us.copy()
     if looped:
         sent_us[keep] = sim.arrival_us
+    # every request's token times in one array: the gaps are one diff, each request's a
+    # slice of it (the gap across two requests' boundary is never read)
+    tokens_us = sim.tokens_us
+    lengths = [len(t) for t in tokens_us]
+    flat_us = np.fromiter(itertools.chain.from_iterable(tokens_us), np.int64, sum(lengths))
+    all_gaps = np.diff(flat_us) / 1e6
+    start = 0
     for j, i in enumerate(keep):
-        times = sim.tokens_us[j]
+        count = lengths[j]
         if sim.finish_us[j] >= 0:
             first[i] = sim.first_us[j] / 1e6
-            last[i] = times[-1] / 1e6
+            last[i] = tokens_us[j][-1] / 1e6
             finish[i] = sim.finish_us[j] / 1e6
-            if len(times) > 1:
-                token_gaps[i] = np.diff(np.asarray(times, np.int64)) / 1e6
+            if count > 1:
+                token_gaps[i] = all_gaps[start:start + count - 1]
+        start += count
         pre[i] = sim.preemptions[j]
         cached[i] = sim.cached_tokens[j]
     arrival = sent_us / 1e6
@@ -312,9 +321,7 @@ def _collect(prep: Prepared, sim: Simulation) -> ReplayResult:
     for col in df.columns:                       # carry what the input had besides
         if col not in out.columns:
             out[col] = df[col].to_numpy()
-    steps = pd.DataFrame(sim.step_log, columns=["pool", "engine", "start_s", "duration_s",
-                                                "requests", "tokens", "prefill_tokens",
-                                                "kv_usage"])
+    steps = _step_table(sim.step_log)
     steps["start_s"] /= 1e6
     steps["duration_s"] /= 1e6
     counted = range(n) if measured is None else np.flatnonzero(measured)
@@ -326,6 +333,21 @@ def _collect(prep: Prepared, sim: Simulation) -> ReplayResult:
 
 
 _NO_GAPS = np.zeros(0)
+
+#: The columns of a replay's step table, in the order of the step log's tuples.
+STEP_COLUMNS = ("pool", "engine", "start_s", "duration_s", "requests", "tokens",
+                "prefill_tokens", "kv_usage")
+
+
+def _step_table(log: list) -> pd.DataFrame:
+    """The step log (tuples in :data:`STEP_COLUMNS` order, times in ticks) as a table,
+    column by column: the dtypes pandas infers from the rows (object, int64 and float64),
+    without its row-wise conversion of every tuple."""
+    if not log:
+        return pd.DataFrame(log, columns=list(STEP_COLUMNS))
+    cols = list(zip(*log))
+    return pd.DataFrame({name: (np.array(col, object) if name == "pool" else np.array(col))
+                         for name, col in zip(STEP_COLUMNS, cols)})
 
 
 def summarize(table: pd.DataFrame, itl_gaps_s: np.ndarray | None = None, *, steps: int = 0,

@@ -13,7 +13,7 @@ from .. import validate as _v
 from ..startup import check_start
 from .clients import ClientLoop, Clients, Window, sessions_of
 from .scheduler import PoolLimits
-from .sim import Pool, Simulation, StepRecord, ticks
+from .sim import Pool, Simulation, StepRecord, gc_paused, ticks
 from .workload import validate_requests
 
 __all__ = ["ReplayResult", "replay", "replay_disaggregated", "summarize", "format_summary",
@@ -220,8 +220,11 @@ class Prepared:
         return (self.clients is not None and self.clients.closed) or self.sessions is not None
 
     def result(self, sim: Simulation) -> ReplayResult:
-        """The :class:`ReplayResult` of a finished simulation of these requests."""
-        return _collect(self, sim)
+        """The :class:`ReplayResult` of a finished simulation of these requests (with the
+        cyclic garbage collector paused, as during the simulation: the tables are built
+        from the simulation's millions of live objects, which each collection would walk)."""
+        with gc_paused():
+            return _collect(self, sim)
 
 
 def prepare(pools: list[Pool], requests: pd.DataFrame, clients: Clients | None = None,

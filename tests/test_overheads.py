@@ -69,17 +69,22 @@ def test_output_token_and_completion(k):
     assert ns(k.completion_overhead()) == pytest.approx(777_300, abs=1)
 
 
-def test_admission_per_request_term():
-    """methods.md §1: (per_request + per_token·tokens)·1e-6, when the per-request entry
-    exists."""
+def _with_admission_per_request(us: float) -> jkernel.Kernel:
+    """The vectors.md §4.1 kernel with a ``host_admission_per_request`` entry of ``us``."""
     from jkernel.documents import CoefficientSet, Entry, Scope
 
     inputs = jkernel.open_inputs(SCENARIO, SPEC_REPOS)
-    extra = CoefficientSet("extra", (Entry("host_admission_per_request", 100.0,
+    extra = CoefficientSet("extra", (Entry("host_admission_per_request", us,
                                            "us_per_request", "assumed", False,
                                            Scope(hardware=("h200",)), rationale="test"),))
-    k2 = jkernel.new(dataclasses.replace(
+    return jkernel.new(dataclasses.replace(
         inputs, coefficient_sets=inputs.coefficient_sets + (extra,)))
+
+
+def test_admission_per_request_term():
+    """methods.md §1: (per_request + per_token·tokens)·1e-6, when the per-request entry
+    exists."""
+    k2 = _with_admission_per_request(100.0)
     assert ns(k2.admission_overhead(1000)) == pytest.approx(450_000, abs=1)
     assert k2.admission_overhead(0) == 0.0
 
@@ -91,16 +96,8 @@ def test_admission_overheads_are_the_scalar_figures_of_each_prompt(per_request):
     to the bit, zero included, with and without a per-request term; a negative or
     fractional count, or a table, is refused as the scalar method refuses it."""
     import numpy as np
-    from jkernel.documents import CoefficientSet, Entry, Scope
 
-    k2 = spec_kernel()
-    if per_request:
-        inputs = jkernel.open_inputs(SCENARIO, SPEC_REPOS)
-        extra = CoefficientSet("extra", (Entry("host_admission_per_request", 123.4,
-                                               "us_per_request", "assumed", False,
-                                               Scope(hardware=("h200",)), rationale="test"),))
-        k2 = jkernel.new(dataclasses.replace(
-            inputs, coefficient_sets=inputs.coefficient_sets + (extra,)))
+    k2 = _with_admission_per_request(123.4) if per_request else spec_kernel()
     prompts = [0, 1, 7, 1000, 4097, 131_072, 2**31 - 1]
     got = k2.admission_overheads(prompts)
     assert got.dtype == np.float64 and got.shape == (len(prompts),)

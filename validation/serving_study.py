@@ -49,22 +49,26 @@ _METRICS = ("ttft_mean", "itl_mean", "e2e_mean")
 @contextlib.contextmanager
 def catalog_at(ref: str, repo: str | Path | None = None):
     """The catalog folder of git revision ``ref`` (exported to a temporary folder), as
-    ``JKERNEL_CATALOG`` for the duration of the block."""
+    ``JKERNEL_CATALOG`` and ``JKERNEL_REGISTRY`` (the coefficient sets are read from the
+    registry root) for the duration of the block."""
     repo = Path(repo or Path(__file__).resolve().parents[1])
     blob = subprocess.run(["git", "-C", str(repo), "archive", ref, "catalog"], check=True,
                           capture_output=True).stdout
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=BytesIO(blob)) as tar:
             tar.extractall(tmp, filter="data")
-        old = os.environ.get("JKERNEL_CATALOG")
-        os.environ["JKERNEL_CATALOG"] = str(Path(tmp) / "catalog")
+        names = ("JKERNEL_CATALOG", "JKERNEL_REGISTRY")
+        old = {n: os.environ.get(n) for n in names}
+        for n in names:
+            os.environ[n] = str(Path(tmp) / "catalog")
         try:
             yield Path(tmp) / "catalog"
         finally:
-            if old is None:
-                os.environ.pop("JKERNEL_CATALOG", None)
-            else:
-                os.environ["JKERNEL_CATALOG"] = old
+            for n, v in old.items():
+                if v is None:
+                    os.environ.pop(n, None)
+                else:
+                    os.environ[n] = v
 
 
 def both(data: str | Path, *, before: str = BEFORE, before_csv=None, after_csv=None,

@@ -221,6 +221,93 @@ def test_the_fit_recovers_known_constants_from_replays_it_generated():
     assert fit.accepted
 
 
+def test_start_rejected_is_a_likelihood_ratio_test_at_the_groups_scale():
+    """2·Δloss against χ²(k) at level 0.95, the loss rescaled from the loss's 3 % to the
+    groups' own scatter; no constant put back, no test."""
+    ok, stat, crit = fs.start_rejected(10.0, 12.0, 1, fs.SIGMA)
+    assert (ok, stat, crit) == (True, pytest.approx(4.0), pytest.approx(3.841, abs=1e-3))
+    assert not fs.start_rejected(10.0, 11.5, 1, fs.SIGMA)[0]          # 3.0 < 3.84
+    ok, stat, _ = fs.start_rejected(10.0, 12.0, 1, 2 * fs.SIGMA)      # twice the scatter
+    assert not ok and stat == pytest.approx(1.0)
+    assert fs.start_rejected(10.0, 12.0, 1, 0.5 * fs.SIGMA)[1] == pytest.approx(4.0)
+    assert fs.start_rejected(10.0, 14.0, 2, fs.SIGMA)[0]              # 8.0 > 5.99
+    ok, stat, crit = fs.start_rejected(10.0, 12.5, 2, fs.SIGMA)       # 5.0 < 5.99
+    assert not ok and crit == pytest.approx(5.991, abs=1e-3)
+    assert fs.start_rejected(10.0, 50.0, 0, fs.SIGMA) == (False, 0.0, math.inf)
+
+
+def test_a_borrowed_start_the_groups_reject_does_not_survive_the_fit():
+    """The per-request host time started 15 × above the truth it was replayed with (a
+    value borrowed from another engine version): three loads pin it only loosely, yet the
+    fit does not put it back to that start, since the groups rule the start out
+    (the defect: a constant left unpinned went back to a borrowed 36 µs that queued the
+    replay of a 20 req/s run its own engine served)."""
+    jkernel.enable_x64()
+    k = jkernel.open(SCENARIO)
+    truth = {"host_serial": 0.8e-3, "host_serial_per_request": 4e-6}
+    kt = k.with_params(k.params.replace(**truth))
+    rng = np.random.default_rng(11)
+    runs = []
+    from jkernel.replay import replay
+    for i, rate in enumerate((4.0, 16.0, 40.0)):
+        df = _synthetic_requests(rate, 120, 20 + i).assign(output_tokens=160)
+        res = replay(kt, df)
+        t = res.requests["ttft_s"].mean() * (1 + rng.normal(0, 0.005))
+        e = res.requests["e2e_s"].mean() * (1 + rng.normal(0, 0.005))
+        runs.append(_run(f"load{rate:g}", df, (GroupMeasure(-1, "all", 120, 160.0, t, e),)))
+    start = {"host_serial_per_request": 60e-6}
+    fit = fs.fit_serving(runs, list(truth), sample=0, max_outer=4, start=start,
+                         kernels={r.label: k for r in runs}, evaluate_after=False)
+    assert fit.start["host_serial_per_request"] == 60e-6
+    psr = fit.values["host_serial_per_request"]
+    assert abs(math.log(psr / 4e-6)) < abs(math.log(60e-6 / psr)), psr
+    assert "host_serial_per_request" in fit.names
+    # the per-step host time trades against it along the loads' common direction
+    assert fit.values["host_serial"] == pytest.approx(0.8e-3, rel=0.35)
+    # these loads bound it loosely (not pinned), but they rule its start out
+    assert not fit.laplace.identifiable["host_serial_per_request"]
+    assert "reject its start" in fit.loose["host_serial_per_request"]
+    assert "not pinned but kept" in fit.verdict()
+    with pytest.raises(ValueError, match="positive value"):
+        fs.fit_serving(runs, list(truth), start={"host_serial": 0.0}, evaluate_after=False)
+
+
+def test_fit_classes_goes_newest_first_and_starts_older_versions_from_the_newer_fit(
+        monkeypatch):
+    """Per chip, the newest engine version is fitted first, and an older class starts from
+    the step constants that fit took (what it borrows once they are written), never from
+    front-end constants; a class with held-out runs only is not fitted."""
+    from types import SimpleNamespace
+
+    df = _synthetic_requests(2.0, 10, 1)
+    new = _run("new", df)
+    old = ServingRun("old", "synthetic", str(ROOT.parent / "validation" / "scenarios" /
+                                             "mistral-nemo-h100-tp1-vllm0.15.yaml"),
+                     new.requests, new.groups, split="fit")
+    held = ServingRun("held", "synthetic", str(ROOT.parent / "validation" / "scenarios" /
+                                               "llama-4-scout-fp8-h100-tp4-vllm0.8.5.yaml"),
+                      new.requests, new.groups, split="held-out")
+    calls = []
+
+    def fake(fit_runs, names, *, start=None, **kw):
+        calls.append((fit_runs[0].label, names, start))
+        values = {"host_serial": 1e-3, "host_serial_per_request": 5e-6,
+                  "host_admission_per_request": 4e-3}
+        return SimpleNamespace(cls=fs.class_of(kw["kernels"][fit_runs[0].label]),
+                               values=values, taken=lambda: tuple(values),
+                               verdict=lambda: "taken")
+
+    monkeypatch.setattr(fs, "fit_serving", fake)
+    said = []
+    fits = fs.fit_classes([old, held, new], names_for=lambda cls, runs: ("host_serial",),
+                          log=said.append)
+    assert [c[0] for c in calls] == ["synthetic/new", "synthetic/old"]   # 0.23.0, 0.15.1
+    assert calls[0][2] is None
+    assert calls[1][2] == {"host_serial": 1e-3, "host_serial_per_request": 5e-6}
+    assert calls[1][1] == ("host_serial",)
+    assert len(fits) == 2 and any("held-out runs only" in m for m in said)
+
+
 def test_fit_serving_refuses_runs_of_two_classes_and_unknown_constants():
     a = _run("a", _synthetic_requests(2.0, 10, 1))
     with pytest.raises(ValueError, match="not a serving constant"):

@@ -207,7 +207,7 @@ def _held_reports(a, fit, say) -> None:
 
 def cmd_serving(a) -> int:
     from .data.serving import read_manifest
-    from .fit.serving import fit_serving, serving_classes
+    from .fit.serving import fit_classes
     from .report.coefficients import serving_set, write_coefficient_set
     from .report.markdown import serving_report
 
@@ -217,24 +217,13 @@ def cmd_serving(a) -> int:
     if not runs:
         raise ValueError(f"{a.runs}: no run left (sources {a.sources}, runs {a.only})")
     names = tuple(a.fit.split(",")) if a.fit else None
-    kernels: dict = {}
-    classes = serving_classes(runs, kernels)
     command = "python -m jkernel.calibration " + " ".join(shlex.quote(x) for x in a.argv)
-    fits = []
-    for cls, members in classes.items():
-        fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
-        held = [r for r in members if r.split == "held-out"]
-        if not fit_runs:
-            say(f"{cls}: no fit run (held-out only): not fitted")
-            continue
-        fits.append(fit_serving(fit_runs, names, held=held, sample=a.sample,
-                                max_outer=a.max_outer, log=say, kernels=kernels))
+    fits = fit_classes(runs, names_for=lambda cls, fit_runs: names, log=say,
+                       sample=a.sample, max_outer=a.max_outer)
     if not fits:
         raise ValueError(f"{a.runs}: no deployment class has a fit run")
     out = Path(a.out)
     name = a.set_name or out.stem
-    for f in fits:
-        say(f"{f.cls}: {f.verdict()}")
     entries = serving_set(fits, command=command, front_end_hardware=a.front_end_hardware,
                           taken_only=not a.write_all)
     write_coefficient_set(out, name, entries, header=(

@@ -648,7 +648,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     from jkernel.catalog import catalog_root
 
     from .data.serving import read_manifest
-    from .fit.serving import SAMPLE, fit_serving, serving_classes
+    from .fit.serving import SAMPLE, fit_classes
     from .report.coefficients import serving_set
     from .report.markdown import serving_report
 
@@ -656,22 +656,16 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     root = Path(catalog) if catalog is not None else catalog_root()
     runs = read_manifest(manifest, root=data)
     kernels: dict = {}
-    fits = []
     traced = []          # classes whose step constants step traces measured (stage 4)
-    for cls, members in serving_classes(runs, kernels).items():
-        fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
-        held = [r for r in members if r.split == "held-out"]
-        if not fit_runs:
-            say(f"{cls}: held-out runs only: not fitted")
-            continue
-        names = None
+
+    def names_for(cls, fit_runs):
         if front_end_only(kernels[fit_runs[0].label]):
-            names = FRONT_END_FIT
             traced.append(cls)
-        fit = fit_serving(fit_runs, names, held=held, log=say, kernels=kernels,
-                          sample=SAMPLE if sample is None else sample)
-        say(f"{cls}: {fit.verdict()}")
-        fits.append(fit)
+            return FRONT_END_FIT
+        return None
+
+    fits = fit_classes(runs, kernels=kernels, names_for=names_for, log=say,
+                       sample=SAMPLE if sample is None else sample)
     host = root / "coefficients" / "cost-model-host-overheads.yaml"
     generic = [e for e in load_coefficient_set(host).entries
                if e.name == "host_admission_per_request" and e.scope.engine_version is None]

@@ -50,7 +50,11 @@ fit, a constant whose effect on the groups the ones chosen before it (in :data:`
 the models' offsets (when asked for) already explain is left out (:func:`choose`); after it,
 a constant the Laplace approximation does not pin (a data standard error above 0.5 in log
 at the groups' robust residual scale, :func:`pinned`) goes back to its starting value and
-the rest are fitted again; and step constants go back too where the fitted groups' ITLs
+the rest are fitted again, unless the data reject those starting values (a likelihood-ratio
+test, :func:`start_rejected`: a start borrowed from another engine version or deployment
+can be far from what these runs measure even where they do not pin the value), in which
+case the fit keeps them where the data put them (``identifiable: false``: the Laplace
+gives them no interval) and says so (``ServingFit.loose``); and step constants go back too where the fitted groups' ITLs
 still scatter more than :data:`ACCEPT_SIGMA` around the fit (the laws' errors, not the
 engine, set those steps). A constant left out keeps its starting value, and the fit says
 why.
@@ -88,9 +92,11 @@ from .traces import log_price, zero_scale
 from .uncertainty import Laplace, gauss_newton
 
 __all__ = ["SERVING_CONSTANTS", "FRONT_END", "STEP", "PRIORS", "SIGMA", "TOLERANCE",
-           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "pinned", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
+           "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "pinned", "start_rejected",
+           "START_TEST_LEVEL", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
            "FRONT_END_BOUNDARIES", "OLDEST", "version_ranges", "MODEL_SIGMA", "COLLINEAR", "family_of", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "serving_classes", "choose",
            "Segment", "FixedPoint", "fixed_point", "segments_of", "ServingFit", "fit_serving",
+           "fit_classes",
            "evaluate", "group_table"]
 
 #: The engine-level constants a serving fit moves, with their meaning.
@@ -141,6 +147,8 @@ MODEL_SIGMA = 0.10
 #: fits the front end alone. The front end, an additive time before the first step, is kept
 #: wherever the fit pins it (its interval carries the groups' scatter).
 ACCEPT_SIGMA = 0.08
+#: Level of the likelihood-ratio test of :func:`start_rejected`.
+START_TEST_LEVEL = 0.95
 #: Outer-loop stop: the largest move of a fitted constant, in log.
 TOLERANCE = 0.01
 #: At most this many replays of the fit runs after the first.
@@ -692,6 +700,9 @@ class ServingFit:
       offsets: each model's step offset (log, a nuisance of the fit: :class:`_Problem`).
       scatter: per fitted metric (``ttft``, ``itl``), the robust scatter (log) of the fit
         groups' residuals at the fit: 1.4826 × their median absolute value.
+      loose: fitted constants the groups do not pin but whose starting values they reject
+        (:func:`start_rejected`), with the test's figures: kept at the fitted value, with
+        ``identifiable`` false and no interval (the Laplace does not pin them).
     """
 
     cls: DeploymentClass
@@ -709,6 +720,7 @@ class ServingFit:
     deployments: list = field(default_factory=list)
     offsets: dict = field(default_factory=dict)
     scatter: dict = field(default_factory=dict)
+    loose: dict = field(default_factory=dict)
 
     def ci95(self, name: str):
         if self.laplace is None or name not in self.laplace.names:
@@ -739,7 +751,8 @@ class ServingFit:
         return (f"taken: {', '.join(self.names)} (fitted groups' scatter in log: "
                 + ", ".join(f"{m} {v:.3f}" for m, v in self.scatter.items()) + ")"
                 + ("" if all(n in FRONT_END for n in self.names) or not math.isfinite(itl)
-                   else f"; step constants kept as ITL scatter ≤ {ACCEPT_SIGMA}"))
+                   else f"; step constants kept as ITL scatter ≤ {ACCEPT_SIGMA}")
+                + "".join(f"; {n} not pinned but kept: {why}" for n, why in self.loose.items()))
 
 
 def priors(kernel, names: Sequence[str], theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -859,17 +872,80 @@ def pinned(J: np.ndarray, names: Sequence[str], U: np.ndarray | None = None, *,
     return out
 
 
+def fit_classes(runs: Sequence[ServingRun], *, kernels: dict | None = None,
+                names_for: Callable | None = None, log: Callable[[str], None] | None = None,
+                **options) -> list:
+    """:func:`fit_serving` of every deployment class of ``runs`` that has fit runs: per chip
+    from the newest engine version down, each class starting from the step constants the
+    newer class's fit on that chip took (an older version whose own fit does not take a
+    step constant borrows the nearest newer fitted entry once they are written,
+    :func:`version_ranges`, so that value, not the one the catalog held before, is where its
+    fit starts). ``names_for(cls, fit_runs)``: the names to fit for a class (None: every
+    serving constant); ``options``: passed on to :func:`fit_serving`. Returns the fits."""
+    from jkernel.documents.scenario import parse_version
+
+    kernels = {} if kernels is None else kernels
+    say = log or (lambda m: None)
+    classes = serving_classes(runs, kernels)
+    nearer: dict = {}                   # chip → the step constants its newest fit took
+    fits = []
+    for cls in sorted(classes, key=lambda c: (c.hardware, parse_version(c.engine_version)),
+                      reverse=True):
+        members = classes[cls]
+        fit_runs = [r for r in members if r.split == "fit" and r.fit_on]
+        held = [r for r in members if r.split == "held-out"]
+        if not fit_runs:
+            say(f"{cls}: held-out runs only: not fitted")
+            continue
+        names = names_for(cls, fit_runs) if names_for is not None else None
+        fit = fit_serving(fit_runs, names, held=held, log=log, kernels=kernels,
+                          start=nearer.get(cls.hardware), **options)
+        say(f"{cls}: {fit.verdict()}")
+        fits.append(fit)
+        carried = {n: fit.values[n] for n in fit.taken() if n in STEP}
+        if carried:
+            nearer[cls.hardware] = {**nearer.get(cls.hardware, {}), **carried}
+    return fits
+
+
+def start_rejected(loss_fitted: float, loss_back: float, k: int, sigma: float
+                   ) -> tuple[bool, float, float]:
+    """Whether the fitted groups reject ``k`` constants' starting values: the
+    likelihood-ratio test of the fit with them back at their starts (replayed loss
+    ``loss_back``, the rest refitted) against the fit that moved them (``loss_fitted``),
+    at level :data:`START_TEST_LEVEL`. The loss (:meth:`_Problem.loss`) is a negative log
+    likelihood at the residual scale :data:`SIGMA`; the groups scatter by ``sigma`` (their
+    robust scale, at least :data:`SIGMA`), so the statistic is taken at that scale:
+    ``2 · Δloss · (SIGMA / sigma)²`` against χ²(k). Returns ``(rejected, statistic,
+    critical value)``.
+
+    A constant the groups do not pin may still be one whose start they rule out: a value
+    borrowed from another engine version can sit where these runs' replays queue, or miss
+    every group's slope, while the runs bound it only loosely from the other side."""
+    from scipy.stats import chi2
+
+    if k <= 0:
+        return False, 0.0, math.inf
+    scale = (SIGMA / max(float(sigma), SIGMA)) ** 2
+    stat = 2.0 * (float(loss_back) - float(loss_fitted)) * scale
+    crit = float(chi2.ppf(START_TEST_LEVEL, k))
+    return bool(stat > crit), stat, crit
+
+
 def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, *,
                 held: Sequence[ServingRun] = (), sample: int = SAMPLE,
                 max_outer: int = MAX_OUTER, log: Callable[[str], None] | None = None,
                 kernels: dict | None = None, evaluate_after: bool = True,
-                model_offsets: bool = False) -> ServingFit:
+                model_offsets: bool = False, start: dict | None = None) -> ServingFit:
     """Fit ``names`` (default: :data:`SERVING_CONSTANTS`) to the ``runs`` of one
     deployment class (module docstring), and evaluate before and after on ``runs`` and
     ``held`` (``evaluate_after`` False: no evaluation). ``kernels``: run label → its
     kernel, when already open. ``model_offsets``: give each model a step offset
     (:class:`_Problem`); off by default, because an offset also absorbs what a per-step
-    constant does to that model's ITL, leaving the constant to the TTFTs alone."""
+    constant does to that model's ITL, leaving the constant to the TTFTs alone.
+    ``start``: name → SI value to start from (and centre the prior on) instead of the
+    catalog's value for the deployment (what a neighbouring class's fit will make the
+    catalog borrow here once it is written)."""
     import jkernel
 
     jkernel.enable_x64()
@@ -900,7 +976,12 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
         for n in cand:
             if n in FRONT_END:
                 frozen[n] = "no fit run is measured on the client's clock"
-    start = {n: _start(k0, n) for n in cand}
+    over = dict(start or {})
+    bad = [n for n, v in over.items() if not (n in SERVING_CONSTANTS and float(v) > 0)]
+    if bad:
+        raise ValueError(f"start: {', '.join(bad)}: a serving constant with a positive "
+                         "value is required; allowed: " + ", ".join(SERVING_CONSTANTS))
+    start = {n: float(over[n]) if n in over else _start(k0, n) for n in cand}
     theta = np.log(np.array([start[n] for n in cand]))
     mu, sp = priors(k0, cand, theta)
     upper = np.array([math.log(UPPER[n]) if n in UPPER else np.inf for n in cand])
@@ -979,6 +1060,20 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
                                                    if row.metric == m])))
                 for m in sorted({row.metric for row in rows})}
 
+    def loss_at(fps, theta, keep, u) -> float:
+        rows, r, _ = _residuals(runs, _predicted(fps, runs, cand, theta))
+        return prob.replayed_loss(rows, r, theta, keep, u)[0]
+
+    def snapshot():
+        return theta.copy(), fps, u, lap, list(names_fit), keep.copy(), dict(frozen)
+
+    def restore(state):
+        nonlocal theta, fps, u, lap, names_fit, keep
+        theta, fps, u, lap, names_fit, keep = (state[0].copy(), state[1], state[2], state[3],
+                                               list(state[4]), state[5].copy())
+        frozen.clear()
+        frozen.update(state[6])
+
     def refit_without(drop: dict, why_all: str):
         """Back to their starting values, and the rest fitted again."""
         nonlocal theta, fps, u, lap, names_fit, keep
@@ -994,10 +1089,49 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
         theta, fps, u = descend(theta, fps, keep)
         lap = _laplace(fps, prob, cand, theta, keep, u) if keep.any() else None
 
+    loose: dict = {}
     if dropped:
-        refit_without({n: f"not identified at the fit ({why}, at the residual scale "
-                          f"{lap.sigma:.3f} of the fitted groups)" for n, why in
-                       dropped.items()}, "not identified at the fit")
+        why_not = {n: f"not identified at the fit ({why}, at the residual scale "
+                      f"{lap.sigma:.3f} of the fitted groups)" for n, why in dropped.items()}
+        moved = snapshot()            # the fit that moved them
+        loss_moved, sigma = loss_at(fps, theta, keep, u), lap.sigma
+
+        def put_back(names) -> tuple[bool, float, float]:
+            """Refit with ``names`` at their starts; whether the groups reject that."""
+            refit_without({n: why_not[n] for n in names}, "not identified at the fit")
+            return start_rejected(loss_moved, loss_at(fps, theta, moved[5], u), len(names),
+                                  sigma)
+
+        rejected, stat, crit = put_back(list(dropped))
+        if rejected:
+            # which starts do the groups rule out? Each is put back alone, the one the
+            # data measure least directly first (ORDER reversed), and stays back where
+            # the groups accept it with those already back
+            restore(moved)
+            back: list = []
+            verdict = {n: (stat, crit, len(dropped)) for n in dropped}
+            for n in sorted(dropped, key=lambda x: ORDER.index(x) if x in ORDER else -1,
+                            reverse=True):
+                if len(back) + 1 == len(dropped):
+                    break                 # every one back: rejected above
+                before = snapshot()
+                rej, st, cr = put_back(back + [n])
+                if rej:
+                    restore(before)
+                    verdict[n] = (st, cr, len(back) + 1)
+                else:
+                    back.append(n)
+            for n in dropped:
+                if n in back:
+                    continue
+                st, cr, k = verdict[n]
+                loose[n] = (f"{dropped[n]}, but the groups reject its start "
+                            f"{_fmt(n, start[n])} (likelihood ratio {st:.1f} > {cr:.1f}, "
+                            f"χ²({k}) at {START_TEST_LEVEL:g}, at the residual scale "
+                            f"{sigma:.3f})")
+            say("the groups reject the starting values of " + ", ".join(loose)
+                + ": kept where the fit put them"
+                + (f"; back at their starts: {', '.join(back)}" if back else ""))
     scatter = scatter_of(fps, theta)
     steps = [n for n in names_fit if n not in FRONT_END]
     if steps and scatter.get("itl", math.inf) > ACCEPT_SIGMA:
@@ -1006,6 +1140,7 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
                           f"{ACCEPT_SIGMA}): the laws' errors for these models, not the "
                           "engine, set the steps" for n in steps}, "not taken")
         scatter = scatter_of(fps, theta)
+        loose = {n: why for n, why in loose.items() if n in names_fit}
     replays = replays[0]
     values = {n: float(np.exp(t)) for n, t in zip(cand, theta)}
     offsets = {m: float(x) for m, x in zip(prob.model_names, u)}
@@ -1014,7 +1149,7 @@ def fit_serving(runs: Sequence[ServingRun], names: Sequence[str] | None = None, 
     deps = {r.label: describe(opened[id(r)]) for r in runs}
     return ServingFit(cls, tuple(names_fit), frozen, start, values, lap, runs, list(held),
                       table, history, replays, time.perf_counter() - t0,
-                      [dict(run=k, **v) for k, v in deps.items()], offsets, scatter)
+                      [dict(run=k, **v) for k, v in deps.items()], offsets, scatter, loose)
 
 
 def _laplace(fps, prob: _Problem, cand, theta, keep, u) -> Laplace:

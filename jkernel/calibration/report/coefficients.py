@@ -360,7 +360,9 @@ def serving_entries(fit, *, command: str, sha256: str, hardware: Sequence[str] |
                      f"backtracking line search on the replay; {fit.replays} replays; fitted "
                      f"together with {', '.join(n for n in fit.names if n != name) or 'nothing'};"
                      f" models' step offsets (nuisance, log): {offsets or 'none'}). Not fitted: "
-                     f"{frozen}. Held-out groups: the {metric.replace('_', ' ')} error "
+                     f"{frozen}." + (f" Not pinned, kept: {fit.loose[name]}."
+                                     if name in fit.loose else "")
+                     + f" Held-out groups: the {metric.replace('_', ' ')} error "
                      "after the fit (heldout_error).")
         e = make_entry(name, fit.values[name], hardware=(
             tuple(hardware) if (hardware and name in FRONT_END) else (fit.cls.hardware,)),

@@ -220,14 +220,18 @@ def serving_report(fits, *, command: str, manifest: str) -> str:
         lap = fit.laplace
         for name in fit.start:
             ci = lap.ci95.get(name) if (lap is not None and name in lap.names) else None
-            status = "fitted" if name in fit.names else "not fitted: " + fit.frozen.get(name, "")
+            status = ("not pinned, kept: " + fit.loose[name] if name in fit.loose
+                      else "fitted" if name in fit.names
+                      else "not fitted: " + fit.frozen.get(name, ""))
             out.append(f"| `{name}` | {_fmt(fit.start[name], name)} | "
                        f"{_fmt(fit.values[name], name) if name in fit.names else '—'} | "
                        + (f"[{_fmt(ci[0], name)}, {_fmt(ci[1], name)}]" if ci else "—")
                        + f" | {status} |")
         out.append("")
         out.append("Units as the catalog states them (µs for host times); *start* is the "
-                   "catalog's value, or the prior's centre where the catalog charges 0. "
+                   "catalog's value (or the value a newer engine version's fit on this chip "
+                   "gives, which this class borrows once written), or the prior's centre "
+                   "where the catalog charges 0. "
                    + "; ".join(f"`{n}`: {SERVING_CONSTANTS[n]}" for n in fit.names))
         if fit.offsets:
             out += ["", "Models' step offsets (log; a nuisance of the fit, never priced): "

@@ -191,6 +191,25 @@ def test_sampled_groups_count_the_transient_of_the_first_group_only():
     assert s1.requests["arrival_s"].iloc[0] == 0.0
 
 
+def _replayed_runs(kernel, rates, n: int, *, seed: int, noise_seed: int,
+                   output_tokens: int = 48) -> list:
+    """One fit run per arrival rate: ``n`` synthetic requests (``seed + i`` for the i-th
+    rate) replayed on ``kernel``, their mean TTFT and E2E perturbed by 0.5 % noise as the
+    run's measured group."""
+    from jkernel.replay import replay
+
+    rng = np.random.default_rng(noise_seed)
+    runs = []
+    for i, rate in enumerate(rates):
+        df = _synthetic_requests(rate, n, seed + i).assign(output_tokens=output_tokens)
+        res = replay(kernel, df)
+        t = res.requests["ttft_s"].mean() * (1 + rng.normal(0, 0.005))
+        e = res.requests["e2e_s"].mean() * (1 + rng.normal(0, 0.005))
+        runs.append(_run(f"load{rate:g}", df,
+                         (GroupMeasure(-1, "all", n, float(output_tokens), t, e),)))
+    return runs
+
+
 def test_the_fit_recovers_known_constants_from_replays_it_generated():
     """Three loads replayed at known constants (a 4 ms front end, 1.1 ms of host time per
     step), their group means perturbed by 0.5 % noise: the fit, started from the catalog,
@@ -200,16 +219,8 @@ def test_the_fit_recovers_known_constants_from_replays_it_generated():
     jkernel.enable_x64()
     k = jkernel.open(SCENARIO)
     truth = {"host_admission_per_request": 4e-3, "host_serial": 1.1e-3}
-    kt = k.with_params(k.params.replace(**truth))
-    rng = np.random.default_rng(7)
-    runs = []
-    from jkernel.replay import replay
-    for i, rate in enumerate((2.0, 6.0, 12.0)):
-        df = _synthetic_requests(rate, 90, 10 + i)
-        res = replay(kt, df)
-        t = res.requests["ttft_s"].mean() * (1 + rng.normal(0, 0.005))
-        e = res.requests["e2e_s"].mean() * (1 + rng.normal(0, 0.005))
-        runs.append(_run(f"load{rate:g}", df, (GroupMeasure(-1, "all", 90, 48.0, t, e),)))
+    runs = _replayed_runs(k.with_params(k.params.replace(**truth)), (2.0, 6.0, 12.0), 90,
+                          seed=10, noise_seed=7)
     fit = fs.fit_serving(runs, list(truth), sample=0, max_outer=3,
                          kernels={r.label: k for r in runs}, evaluate_after=False)
     assert set(fit.names) == set(truth)
@@ -245,16 +256,8 @@ def test_a_borrowed_start_the_groups_reject_does_not_survive_the_fit():
     jkernel.enable_x64()
     k = jkernel.open(SCENARIO)
     truth = {"host_serial": 0.8e-3, "host_serial_per_request": 4e-6}
-    kt = k.with_params(k.params.replace(**truth))
-    rng = np.random.default_rng(11)
-    runs = []
-    from jkernel.replay import replay
-    for i, rate in enumerate((4.0, 16.0, 40.0)):
-        df = _synthetic_requests(rate, 120, 20 + i).assign(output_tokens=160)
-        res = replay(kt, df)
-        t = res.requests["ttft_s"].mean() * (1 + rng.normal(0, 0.005))
-        e = res.requests["e2e_s"].mean() * (1 + rng.normal(0, 0.005))
-        runs.append(_run(f"load{rate:g}", df, (GroupMeasure(-1, "all", 120, 160.0, t, e),)))
+    runs = _replayed_runs(k.with_params(k.params.replace(**truth)), (4.0, 16.0, 40.0), 120,
+                          seed=20, noise_seed=11, output_tokens=160)
     start = {"host_serial_per_request": 60e-6}
     fit = fs.fit_serving(runs, list(truth), sample=0, max_outer=4, start=start,
                          kernels={r.label: k for r in runs}, evaluate_after=False)

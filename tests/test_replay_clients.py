@@ -167,6 +167,28 @@ def test_windowed_summary_counts_only_the_measured_requests():
     assert np.array_equal(np.sort(cut.itl_gaps_s), np.sort(gaps))
 
 
+def test_warm_up_requests_are_replayed_and_never_counted():
+    """A ``warm_up`` column (LMBench's warm-up round, vLLM's --num-warmups): the warm-up
+    runs first, so the run's prompts find what it cached, and the summary counts the run
+    alone; with a window as well, both leave requests out."""
+    reqs = hand_built(12, seed=5)
+    reqs["arrival_s"] = np.arange(12) * 2.0
+    reqs["prefix_group"] = np.arange(12) % 4
+    reqs["prefix_length"] = reqs["input_tokens"] - 8
+    reqs["warm_up"] = ["true"] * 4 + ["False"] * 8
+    res = replay(qwen(), reqs)
+    r = res.requests
+    assert r.measured.tolist() == [False] * 4 + [True] * 8
+    assert res.summary["completed"] == 8
+    assert res.summary["ttft_mean_s"] == pytest.approx(r.ttft_s[4:].mean())
+    assert (r.cached_tokens[4:] > 0).all() and (r.cached_tokens[:4] == 0).all()
+    cut = replay(qwen(), reqs, window=Window(cooldown_requests=2))
+    assert cut.requests.measured.sum() == 6 and cut.summary["completed"] == 6
+    reqs.loc[2, "warm_up"] = "maybe"
+    with pytest.raises(ValueError, match="'warm_up' at row 2"):
+        replay(qwen(), reqs)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(concurrency=-1), "concurrency"), (dict(concurrency=2.5), "concurrency"),
     (dict(concurrency=2, think_time_s=-1.0), "think_time_s"),

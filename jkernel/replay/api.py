@@ -320,6 +320,10 @@ def _collect(prep: Prepared, sim: Simulation) -> ReplayResult:
     measured = None
     if window is not None and not window.empty:
         measured = window.measured(out["arrival_s"].to_numpy(float), finish)
+    if "warm_up" in df.columns and df["warm_up"].to_numpy(bool).any():
+        warm = df["warm_up"].to_numpy(bool)          # replayed, never counted
+        measured = ~warm if measured is None else measured & ~warm
+    if measured is not None:
         out["measured"] = measured
     for col in df.columns:                       # carry what the input had besides
         if col not in out.columns:

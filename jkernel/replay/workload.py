@@ -12,7 +12,10 @@ The replay takes a :class:`pandas.DataFrame` with one row per request and the co
 
 and optionally ``prefix_group`` / ``prefix_length`` (requests of one group share their first
 ``prefix_length`` prompt tokens, which makes them prefix-cache hits) or ``block_hashes``
-(space-separated integers, one per full prompt block).
+(space-separated integers, one per full prompt block), and ``warm_up`` (True: a request a
+benchmark client sends before its run and never measures, as LMBench's warm-up round or
+vLLM's ``--num-warmups``: replayed, so that it warms the prefix cache, and left out of the
+summary).
 
 :func:`load_requests` reads three shapes of file (CSV or Parquet):
 
@@ -274,6 +277,8 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
     df["output_tokens"] = _tokens(df, "output_tokens", source)
     _prefix_columns(df, source)
     _block_hashes(df, source)
+    if "warm_up" in df.columns:
+        df["warm_up"] = _flags(df, "warm_up", source)
     total = int(df["output_tokens"].sum()) + _shared_prefix_tokens(df)
     if total > _limits.MAX_REPLAY_TOKENS:
         raise ValueError(f"{source}: {total:,} output and shared-prefix tokens in all: "
@@ -285,6 +290,25 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
     df.attrs["source"] = source
     df.attrs["sorted"] = not was_sorted
     return df
+
+
+def _flags(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
+    """A yes/no column: booleans, 0/1 or the words true/false (any case)."""
+    words = {"true": True, "false": False, "1": True, "0": False}
+    out, bad = np.zeros(len(df), bool), np.zeros(len(df), bool)
+    for i, v in enumerate(df[column].to_numpy()):
+        if isinstance(v, (bool, np.bool_)):
+            out[i] = bool(v)
+        elif isinstance(v, (int, np.integer, float, np.floating)) and v in (0, 1):
+            out[i] = bool(v)
+        elif isinstance(v, str) and v.strip().lower() in words:
+            out[i] = words[v.strip().lower()]
+        else:
+            bad[i] = True
+    if bad.any():
+        raise ValueError(f"{source}: column {column!r} at {_rows(bad)}: allowed True or "
+                         "False (or 1, 0)")
+    return out
 
 
 def _from_client_trace(df: pd.DataFrame, where: str) -> pd.DataFrame:

@@ -14,8 +14,10 @@ import yaml
 
 import jkernel
 from jkernel.calibration.data.heldout import held_out_runs
-from jkernel.calibration.data.serving import (GroupMeasure, ServingDataError, ServingRun,
-                                              parse_manifest, prefix_columns, read_manifest)
+from jkernel.calibration.data.serving import (CHAT_CLOSE_TOKENS, WARM_UP_GAP_S, GroupMeasure,
+                                              ServingDataError, ServingRun, parse_manifest,
+                                              prefix_columns, read_conversations,
+                                              read_manifest, with_conversations)
 from jkernel.calibration.fit import serving as fs
 from jkernel.errors import Refusal
 
@@ -126,6 +128,83 @@ def test_a_bad_request_row_is_refused_naming_the_file_and_the_row(tmp_path):
     with pytest.raises(ServingDataError) as exc:
         read_manifest(_manifest(tmp_path, _doc()))
     assert str(path) in str(exc.value) and "4" in str(exc.value)
+
+
+def _conversations(path: Path, run_ids, convs, warm=((0, 40, 8), (1, 50, 8))) -> Path:
+    rows = [{"phase": "warm-up", "request_id": f"w{c}", "conversation": c,
+             "input_tokens": n, "output_tokens": o} for c, n, o in warm]
+    rows += [{"phase": "run", "request_id": str(i), "conversation": c, "input_tokens": "",
+              "output_tokens": ""} for i, c in zip(run_ids, convs)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_conversations_put_a_warm_up_first_and_every_turn_in_its_conversation(tmp_path):
+    _requests(tmp_path / "r1.csv", n=6)
+    _conversations(tmp_path / "conv.csv", range(6), [0, 1, 0, 1, 0, 1])
+    (run,) = read_manifest(_manifest(tmp_path, _doc(conversations="conv.csv")))
+    df = run.requests
+    assert df["warm_up"].tolist() == [True, True] + [False] * 6
+    assert df["request_id"].astype(str).tolist()[:3] == ["w0", "w1", "0"]
+    # the warm-up at the run's spacing (0.2 s), its last send WARM_UP_GAP_S before the run
+    arr = df["arrival_s"].to_numpy()
+    assert arr[:2] == pytest.approx([0.0, 0.2])
+    assert arr[2] - arr[1] == pytest.approx(WARM_UP_GAP_S)
+    assert np.diff(arr[2:]) == pytest.approx([0.2] * 5)
+    assert df["prefix_group"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert (df["prefix_length"] == df["input_tokens"] - CHAT_CLOSE_TOKENS - 1).all()
+    # warm-up requests are not measured and no group counts them
+    assert np.isnan(run.measured_ttft_s[:2]).all() and np.isfinite(run.measured_ttft_s[2:]).all()
+    assert run.group_keys().tolist() == [-2, -2] + [-1] * 6
+    (g,) = run.groups
+    assert g.requests == 6 and g.ttft_mean_s == pytest.approx(0.030)
+
+
+def test_a_turn_hits_the_blocks_its_conversations_previous_turn_computed(tmp_path):
+    """The replay of a conversation table: the second turn of a conversation finds the
+    first turn's prompt (less the chat template's close) in the prefix cache; a request of
+    another conversation finds nothing."""
+    from jkernel.replay import replay
+
+    df = pd.DataFrame({"request_id": ["0", "1", "2"], "arrival_s": [0.0, 5.0, 10.0],
+                       "input_tokens": [200, 400, 300], "output_tokens": [4, 4, 4]})
+    conv = pd.read_csv(_conversations(tmp_path / "c.csv", ["0", "1", "2"], [0, 0, 1],
+                                      warm=((0, 100, 4),)), dtype={"request_id": str})
+    out = replay(jkernel.open(SCENARIO), with_conversations(df, conv)).requests
+    cached = dict(zip(out["request_id"].astype(str), out["cached_tokens"]))
+    assert cached["w0"] == 0
+    assert cached["0"] == (100 - CHAT_CLOSE_TOKENS - 1) // 16 * 16     # the warm-up's turn
+    assert cached["1"] == (200 - CHAT_CLOSE_TOKENS - 1) // 16 * 16     # the first run turn
+    assert cached["2"] == 0                                            # another conversation
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([{"phase": "later", "request_id": "0", "conversation": 0}], "column 'phase' at rows 0"),
+    ([{"phase": "run", "request_id": "0", "conversation": 0},
+      {"phase": "run", "request_id": "0", "conversation": 1}], "'request_id' at rows 0, 1"),
+    ([{"phase": "run", "request_id": "0", "conversation": -1}], "'conversation' at rows 0"),
+    ([{"phase": "warm-up", "request_id": "w", "conversation": 0, "input_tokens": 0,
+       "output_tokens": 3}], "'input_tokens' at rows 0"),
+])
+def test_a_bad_conversation_table_is_refused_naming_the_file_column_and_row(tmp_path, rows,
+                                                                            match):
+    p = tmp_path / "conv.csv"
+    pd.DataFrame(rows).reindex(columns=["phase", "request_id", "conversation",
+                                        "input_tokens", "output_tokens"]).to_csv(p, index=False)
+    with pytest.raises(ServingDataError, match=match) as exc:
+        read_conversations(p)
+    assert str(p) in str(exc.value)
+
+
+def test_a_request_missing_from_the_conversations_and_two_prefix_rules_are_refused(tmp_path):
+    _requests(tmp_path / "r1.csv", n=4)
+    _conversations(tmp_path / "conv.csv", range(3), [0, 1, 0])
+    with pytest.raises(ServingDataError, match=r"requests 3 are not in .*conv\.csv"):
+        read_manifest(_manifest(tmp_path, _doc(conversations="conv.csv")))
+    with pytest.raises(Refusal, match=r"runs\[0\]\.conversations"):
+        read_manifest(_manifest(tmp_path, _doc(conversations="conv.csv", prefix="system")))
+    with pytest.raises(Refusal, match=r"runs\[0\]\.conversations"):
+        read_manifest(_manifest(tmp_path, _doc(conversations="nowhere.csv")))
 
 
 def test_the_prompt_rule_makes_repeated_prompts_share_their_blocks():
@@ -442,3 +521,38 @@ def test_a_serving_fit_of_older_versions_keeps_the_step_trace_fit_for_its_own():
     out = merge_entries([traced], [served])
     assert [(x.value, x.scope.engine_version) for x in out] == [
         (418.4, VersionRange("0.8.0", "0.23.0")), (806.6, VersionRange("0.23.0"))]
+
+
+def test_only_step_traced_constants_make_a_class_fit_its_front_end_alone():
+    """Guards a defect: the serving stage took the step constants an earlier serving fit had
+    written (fitted, on runs the deployment is inside) for step-trace fits, and on its next
+    run fitted that class's front end alone, so regenerating twice changed the catalog."""
+    from jkernel.calibration.regenerate import front_end_only
+
+    assert front_end_only(jkernel.open(SCENARIO))          # vLLM 0.23: the step traces'
+    bundle = ROOT.parent / "validation" / "scenarios" / "llama-2-7b-h100-tp1-vllm0.15.yaml"
+    k = jkernel.open(str(bundle))
+    prov = {p.name: p for p in k.provenance()}
+    assert prov["host_serial"].method == "fitted" and not prov["host_serial"].outside
+    assert not front_end_only(k)                           # vLLM 0.15.1: a serving fit's
+
+
+def test_the_front_end_is_written_for_every_chip_the_catalog_prices_one_for(tmp_path):
+    """Guards a defect: the serving stage found the chips from an entry without an
+    engine-version scope; once every front-end entry was version-scoped it found none and
+    wrote the fitted chip alone, so the other chips kept an older fit's front end."""
+    from jkernel.calibration.regenerate import front_end_chips
+
+    host = tmp_path / "coefficients" / "cost-model-host-overheads.yaml"
+    host.parent.mkdir(parents=True)
+
+    def entry(value, hardware):
+        return {"host_admission_per_request": {
+            "value": value, "units": "us_per_request", "method": "fitted", "fitted": True,
+            "scope": {"hardware": hardware, "engine_version": {"from": "0.10.0"}}}}
+
+    host.write_text(yaml.safe_dump({"kind": "CoefficientSet", "name": "cost-model-host-overheads",
+                                    "coefficients": [entry(5000.0, ["a100-80", "l40s"]),
+                                                     entry(6000.0, ["h100"])]}))
+    assert front_end_chips(tmp_path) == ("a100-80", "l40s", "h100")
+    assert front_end_chips(tmp_path / "nowhere") is None

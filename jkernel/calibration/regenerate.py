@@ -111,7 +111,7 @@ from .report.plots import save_plots
 __all__ = ["CHIPS", "ALIASES", "DERIVED", "PORTED", "STEP_RUNS", "STEP_FITTED_ON",
            "FRONT_END_FIT", "merge_entries", "derived_entries", "ported_entries",
            "sixteen_rank_entries", "regenerate", "calibrate_step_runs", "regenerate_steps",
-           "regenerate_serving", "front_end_only",
+           "regenerate_serving", "front_end_only", "front_end_chips",
            "check_scenarios", "main"]
 
 CHIPS = ("h100", "h200", "b200", "b300", "l40s", "a100-sxm")
@@ -580,12 +580,16 @@ FRONT_END_FIT = ("host_admission_per_request", "host_admission_per_token")
 
 def front_end_only(kernel) -> bool:
     """Whether the catalog's step constants for this deployment were fitted on step traces
-    of it (every one ``fitted``, with ``fitted_on`` that the deployment is inside): then a
-    serving fit of its runs takes only the front end, the steps having measured the rest."""
+    of it (every one ``fitted`` on the step-trace runs, :data:`STEP_FITTED_ON`, and the
+    deployment inside them): then a serving fit of its runs takes only the front end, the
+    steps having measured the rest. Step constants an earlier serving fit wrote do not count
+    (they are fitted on serving runs): the serving stage fits them again, so that it gives
+    the same catalog however often it runs."""
     from .fit.serving import STEP
 
     prov = {p.name: p for p in kernel.provenance()}
-    return all(n in prov and prov[n].method == "fitted" and prov[n].fitted_on
+    traced = STEP_FITTED_ON.render()
+    return all(n in prov and prov[n].method == "fitted" and prov[n].fitted_on == traced
                and not prov[n].outside for n in STEP)
 
 
@@ -630,8 +634,23 @@ def _completion_entry(residency_root: Path, hardware: tuple[str, ...], runs: Seq
                  ((("kind", "model"), ("cite", cite), ("role", "primary")),), rationale, None,
                  (("data_sha256", hashlib.sha256(";".join(digests).encode()).hexdigest()),
                   ("rows", int(g.size))),
-                 FittedOn(hardware=("h100",), engine_version=("0.23.0",),
-                          model=("qwen3-14b",), tp=(1,)))
+                 STEP_FITTED_ON)
+
+
+def front_end_chips(root: str | Path) -> tuple[str, ...] | None:
+    """Every chip the catalog at ``root`` prices a front end for (the hardware of its
+    ``host_admission_per_request`` entries, in the order first met), or None when it has
+    none. The front end is the API server's CPU work, the same on any chip, so the serving
+    stage writes each version's front end for all of them. (It took the chips from an entry
+    without an engine-version scope; once every entry was scoped by version there was none,
+    the stage wrote the fitted chip's entries alone, and the other chips kept a front end an
+    earlier fit had given them.)"""
+    host = Path(root) / "coefficients" / "cost-model-host-overheads.yaml"
+    seen: dict[str, None] = {}
+    for e in load_coefficient_set(host).entries if host.exists() else ():
+        if e.name == "host_admission_per_request":
+            seen.update((h, None) for h in e.scope.hardware or ())
+    return tuple(seen) or None
 
 
 def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
@@ -666,10 +685,7 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
 
     fits = fit_classes(runs, kernels=kernels, names_for=names_for, log=say,
                        sample=SAMPLE if sample is None else sample)
-    host = root / "coefficients" / "cost-model-host-overheads.yaml"
-    generic = [e for e in load_coefficient_set(host).entries
-               if e.name == "host_admission_per_request" and e.scope.engine_version is None]
-    chips = generic[0].scope.hardware if generic and generic[0].scope.hardware else None
+    chips = front_end_chips(root)
     cmd = (f"python -m jkernel.calibration.regenerate --serving {manifest}"
            + (f" --serving-data {data}" if data else ""))
     entries = serving_set([f for f in fits if f.accepted], command=cmd,

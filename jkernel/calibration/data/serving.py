@@ -43,6 +43,11 @@ Run-manifest format (YAML, one document)
       prefix: none                    # optional: none | system | prompt, how prompts repeat
                                       # (columns prompt_id, prefix_group,
                                       # shared_prefix_tokens): see prefix_columns
+      conversations: conv.csv         # optional (relative to the manifest; not with
+                                      # prefix): the conversation of every request and the
+                                      # warm-up sent before the run, for a multi-turn client
+                                      # whose prompts resend the conversation so far:
+                                      # read_conversations, with_conversations
       fit_on: [ttft, itl]             # optional: what the run's groups contribute to a fit
                                       # ([]: the run is reported, never fitted)
       split: fit                      # optional: fit | held-out (default: held_out_runs)
@@ -85,6 +90,7 @@ from .heldout import held_out_runs
 
 __all__ = ["MANIFEST_KIND", "CLOCKS", "PREFIXES", "FIT_METRICS", "ServingDataError",
            "GroupMeasure", "ServingRun", "read_manifest", "parse_manifest", "prefix_columns",
+           "read_conversations", "with_conversations", "CHAT_CLOSE_TOKENS", "WARM_UP_GAP_S",
            "group_measures", "per_request_timings", "held_out_runs", "environment"]
 
 MANIFEST_KIND = "ServingRuns"
@@ -171,10 +177,9 @@ class ServingRun:
         return f"{self.source}/{self.name}"
 
     def group_keys(self) -> np.ndarray:
-        """The group key of every request (−1 when the run is one group)."""
-        if self.group_column is None:
-            return np.full(len(self.requests), -1, np.int64)
-        return self.requests[self.group_column].to_numpy(np.int64)
+        """The group key of every request (−1 when the run is one group; −2 for a warm-up
+        request, which no group counts)."""
+        return _group_keys(self.requests, self.group_column)
 
     def kernel(self, **kw):
         """The deployment's kernel, opened with the run's environment."""
@@ -182,6 +187,20 @@ class ServingRun:
 
         with environment(dict(self.env)):
             return jkernel.open(self.deployment, **kw)
+
+
+def _group_keys(df: pd.DataFrame, column: str | None) -> np.ndarray:
+    """Per request its group key: ``column``'s value, −1 when the run is one group, −2 for a
+    warm-up request (:func:`with_conversations`)."""
+    warm = (df["warm_up"].to_numpy(bool) if "warm_up" in df.columns
+            else np.zeros(len(df), bool))
+    if column is None:
+        keys = np.full(len(df), -1, np.int64)
+    else:
+        keys = np.full(len(df), -2, np.int64)
+        keys[~warm] = df.loc[~warm, column].to_numpy(np.int64)
+    keys[warm] = -2
+    return keys
 
 
 @contextlib.contextmanager
@@ -239,6 +258,133 @@ def prefix_columns(df: pd.DataFrame, prefix: str, block: int, *, file: str = "")
 
 
 # --------------------------------------------------------------------------------------
+# Conversations: prompts that continue earlier prompts, and a warm-up before the run
+
+#: Chat-template tokens after a user message that the next turn's prompt does not repeat:
+#: the end of the turn and the assistant's header (Llama 3 and Llama 4 templates: the
+#: end-of-turn token, the header start and end tokens around "assistant", and "\n\n").
+CHAT_CLOSE_TOKENS = 5
+#: Seconds from the warm-up's last send to the run's first. LMBench's ShareGPT workload
+#: waits for its warm-up to finish and then 10 s more (LMCache/LMBenchmark
+#: ``sharegpt/run.sh``); a minute covers the warm-up's slowest request at any load point of
+#: the shared runs, and its cached blocks wait for the run either way.
+WARM_UP_GAP_S = 60.0
+#: The phases of a conversation table.
+PHASES = ("warm-up", "run")
+
+
+def read_conversations(path: str | os.PathLike) -> pd.DataFrame:
+    """A conversation table: one row per request of a client that sends conversations, in
+    send order, with the columns
+
+    ===================  ==================================================================
+    ``phase``            ``warm-up`` (sent before the run and never measured) or ``run``
+    ``request_id``       the request's id (``run``: as in the run's request file)
+    ``conversation``     whole number ≥ 0: the conversation the prompt belongs to
+    ``input_tokens``     ``warm-up`` rows: the prompt's tokens (``run`` rows: blank, the
+    ``output_tokens``    run's own counts are used)
+    ===================  ==================================================================
+
+    (other columns are kept, unread). A prompt begins with the previous prompt of its
+    conversation, as a multi-turn benchmark resends the conversation so far
+    (:func:`with_conversations`). Refused with the file, the column and the rows: a missing
+    column, an unknown phase, a repeated id, a conversation that is not a whole number
+    ≥ 0, a warm-up row without whole token counts ≥ 1."""
+    where = str(path)
+    try:
+        t = pd.read_csv(path, dtype={"request_id": str, "phase": str})
+    except (OSError, ValueError) as exc:
+        raise ServingDataError(where, f"not a readable CSV table ({exc})") from None
+    missing = [c for c in ("phase", "request_id", "conversation", "input_tokens",
+                           "output_tokens") if c not in t.columns]
+    if missing:
+        raise ServingDataError(where, f"missing column {missing[0]!r}; a conversation table "
+                               "has phase, request_id, conversation, input_tokens, "
+                               "output_tokens")
+
+    def rows(mask) -> str:
+        idx = np.flatnonzero(mask)
+        more = f" (and {len(idx) - 5} more)" if len(idx) > 5 else ""
+        return ", ".join(str(int(i)) for i in idx[:5]) + more
+
+    bad = ~t["phase"].isin(PHASES).to_numpy()
+    if bad.any():
+        raise ServingDataError(where, f"column 'phase' at rows {rows(bad)}: allowed "
+                               + ", ".join(PHASES))
+    dup = t["request_id"].duplicated(keep=False).to_numpy() | t["request_id"].isna().to_numpy()
+    if dup.any():
+        raise ServingDataError(where, f"column 'request_id' at rows {rows(dup)}: every "
+                               "request needs an id of its own")
+    conv = pd.to_numeric(t["conversation"], errors="coerce").to_numpy(float)
+    bad = ~np.isfinite(conv) | (conv < 0) | (conv != np.round(conv))
+    if bad.any():
+        raise ServingDataError(where, f"column 'conversation' at rows {rows(bad)}: a whole "
+                               "number ≥ 0")
+    t["conversation"] = conv.astype(np.int64)
+    warm = (t["phase"] == "warm-up").to_numpy()
+    for c in ("input_tokens", "output_tokens"):
+        v = pd.to_numeric(t[c], errors="coerce").to_numpy(float)
+        bad = warm & (~np.isfinite(v) | (v < 1) | (v != np.round(v)))
+        if bad.any():
+            raise ServingDataError(where, f"column {c!r} at rows {rows(bad)}: a warm-up "
+                                   "request's whole number of tokens ≥ 1")
+    t.attrs["source"] = where
+    return t
+
+
+def with_conversations(df: pd.DataFrame, conversations: pd.DataFrame, *,
+                       file: str = "") -> pd.DataFrame:
+    """The request table ``df`` (validated, arrival order) as a multi-turn client sends it:
+    the warm-up requests of ``conversations`` (:func:`read_conversations`) first, at the
+    run's mean spacing, the last :data:`WARM_UP_GAP_S` before the run's first request; every
+    request in its conversation's prefix group. A prompt begins with the previous prompt of
+    its conversation less the chat template's closing tokens (:data:`CHAT_CLOSE_TOKENS`,
+    and one more: the last token may merge with the text that follows), so a request's
+    ``prefix_length`` is that much of its own prompt: the next turn's prompt shares it,
+    block for block, and hits what this one computed (the replay keys a group's blocks by
+    position).
+
+    Returns the table with a ``warm_up`` column (True: a warm-up request, never measured),
+    arrivals shifted so that the first warm-up request is sent at 0, and measured
+    per-request columns (``ttft_us``, ``e2e_us``, …) blank on warm-up rows. A request of
+    ``df`` that ``conversations`` does not list is refused, naming the file and the ids."""
+    where = file or df.attrs.get("source", "requests")
+    run = conversations[conversations["phase"] == "run"]
+    ids = df["request_id"].astype(str)
+    conv_of = dict(zip(run["request_id"].astype(str), run["conversation"]))
+    unknown = [i for i in ids if i not in conv_of]
+    if unknown:
+        src = conversations.attrs.get("source", "the conversation table")
+        raise ServingDataError(where, f"requests {', '.join(unknown[:5])}"
+                               + (f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else "")
+                               + f" are not in {src}")
+    live = df.copy()
+    live["conversation"] = [int(conv_of[i]) for i in ids]
+    live["warm_up"] = False
+    w = conversations[conversations["phase"] == "warm-up"]
+    arrival = live["arrival_s"].to_numpy(float)
+    n = len(live)
+    spacing = float(arrival[-1] - arrival[0]) / (n - 1) if n > 1 else 1.0
+    k = len(w)
+    warm = pd.DataFrame({"request_id": w["request_id"].astype(str).to_numpy(),
+                         "arrival_s": np.arange(k) * spacing,
+                         "input_tokens": w["input_tokens"].astype(np.int64).to_numpy(),
+                         "output_tokens": w["output_tokens"].astype(np.int64).to_numpy(),
+                         "conversation": w["conversation"].to_numpy(np.int64),
+                         "warm_up": True})
+    start = (k - 1) * spacing + WARM_UP_GAP_S if k else 0.0
+    live["arrival_s"] = arrival - (arrival[0] if n else 0.0) + start
+    live = live.drop(columns=["arrival_time_us"], errors="ignore")
+    out = pd.concat([warm, live], ignore_index=True)
+    out["prefix_group"] = out["conversation"]
+    out["prefix_length"] = np.maximum(out["input_tokens"].to_numpy(np.int64)
+                                      - CHAT_CLOSE_TOKENS - 1, 0)
+    out = out.drop(columns=["block_hashes"], errors="ignore")
+    out.attrs.update(df.attrs)
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # Measured timings
 
 def per_request_timings(df: pd.DataFrame, *, file: str = "") -> tuple[np.ndarray, np.ndarray] | None:
@@ -246,9 +392,18 @@ def per_request_timings(df: pd.DataFrame, *, file: str = "") -> tuple[np.ndarray
     None when the table carries none. Columns: ``ttft_s`` + ``e2e_s``; ``ttft_us`` +
     ``e2e_us``; or a client trace's ``measured_send_time_us``,
     ``measured_first_chunk_time_us``, ``measured_last_chunk_time_us`` (rows whose
-    ``client_status`` is not ``ok`` are NaN). A negative or non-numeric time is refused,
-    naming the rows."""
+    ``client_status`` is not ``ok`` are NaN; so are warm-up rows, ``warm_up`` True). A
+    negative or non-numeric time is refused, naming the rows."""
     where = file or df.attrs.get("source", "requests")
+    if "warm_up" in df.columns and df["warm_up"].astype(bool).any():
+        warm = df["warm_up"].astype(bool).to_numpy()     # never measured
+        got = per_request_timings(df[~warm].drop(columns="warm_up"), file=where)
+        if got is None:
+            return None
+        out = tuple(np.full(len(df), np.nan) for _ in range(2))
+        for o, g in zip(out, got):
+            o[~warm] = g
+        return out
     if {"ttft_s", "e2e_s"} <= set(df.columns):
         ttft, e2e = (pd.to_numeric(df[c], errors="coerce").to_numpy(float)
                      for c in ("ttft_s", "e2e_s"))
@@ -382,6 +537,11 @@ def _parse_run(r, index: int, file, here: Path) -> dict:
     p["groups"] = r.str("groups", None)
     p["clock"] = r.str("clock", "client", choices=CLOCKS)
     p["prefix"] = r.str("prefix", "none", choices=PREFIXES)
+    conv = r.str("conversations", None)
+    p["conversations"] = None if conv is None else str((here / conv).resolve())
+    if conv is not None and p["prefix"] != "none":
+        raise r.error("conversations", "a run's prompts repeat by one rule: give "
+                      "conversations or prefix, not both")
     fit_on = r.str_list("fit_on", FIT_METRICS)          # [] : reported, never fitted
     for j, m in enumerate(fit_on):
         if m not in FIT_METRICS:
@@ -476,8 +636,14 @@ def _load_run(p: dict, base: Path, split: str, file, block_size) -> ServingRun:
     gcol = p["groups"]
     if gcol is not None and gcol not in df.columns:
         raise r.error("groups", f"{path} has no column {gcol!r}")
-    keys = (df[gcol].to_numpy(np.int64) if gcol is not None else np.full(len(df), -1,
-                                                                         np.int64))
+    if p["conversations"] is not None:
+        if not Path(p["conversations"]).is_file():
+            raise r.error("conversations", f"{p['conversations']}: no such file")
+        df = with_conversations(df, read_conversations(p["conversations"]), file=str(path))
+        k = int(df["warm_up"].sum())
+        if measured is not None:     # warm-up requests are never measured
+            measured = tuple(np.concatenate([np.full(k, np.nan), m]) for m in measured)
+    keys = _group_keys(df, gcol)
     if p["prefix"] != "none" and fmt == "benchmark":
         df = prefix_columns(df, p["prefix"], block_size or _block_size(p), file=str(path))
     if p["measured"] is not None:

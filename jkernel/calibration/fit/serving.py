@@ -151,8 +151,10 @@ ACCEPT_SIGMA = 0.08
 START_TEST_LEVEL = 0.95
 #: Outer-loop stop: the largest move of a fitted constant, in log.
 TOLERANCE = 0.01
-#: At most this many replays of the fit runs after the first.
-MAX_OUTER = 4
+#: At most this many replays of the fit runs after the first (a fit that starts far from
+#: its fixed point, as an older engine version from a newer one's step constants, needs
+#: more than four to stop moving: docs/calibrate.md §3).
+MAX_OUTER = 8
 #: A group's transient (see the module docstring): at least this many requests.
 TRANSIENT_MIN = 100
 #: Default sampled requests per group after the transient (0: whole runs).
@@ -284,7 +286,8 @@ def segments_of(run: ServingRun, *, sample: int = SAMPLE,
         m = min(n, max(transient_min, int(math.ceil(2.0 * rate * g.e2e_mean_s))))
         s = min(n - m, sample)
         plans.append((i, idx, m, s))
-    if sample <= 0 or all(m + s >= len(idx) for _, idx, m, s in plans):
+    warm_up = "warm_up" in df.columns and bool(df["warm_up"].any())
+    if sample <= 0 or warm_up or all(m + s >= len(idx) for _, idx, m, s in plans):
         return [Segment(run, df, whole_pos, (whole_pos >= 0).astype(float))]
     out = []
     for i, idx, m, s in plans:

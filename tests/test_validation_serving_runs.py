@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from jkernel.calibration.data.serving import read_conversations
 from validation import serving_runs as S
 
 EXCERPT = Path(__file__).resolve().parent / "data" / "serving-runs"
@@ -183,3 +184,24 @@ def test_family_names_the_catalog_models_of_the_runs():
 def test_main_refuses_a_missing_folder(tmp_path, capsys):
     assert S.main(["--data", str(tmp_path / "nope"), "--quiet"]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_llmd_load_points_are_sent_as_lmbench_sent_them():
+    """The llm-d files are LMBench's ShareGPT workload (validation/workloads/README.md): 55
+    conversations, their round-2 prompts as a warm-up, then rounds 3, 4, … round by round;
+    the replay sends the warm-up first and keys every prompt by its conversation."""
+    conv = read_conversations(S.LLMD_CONVERSATIONS)
+    warm, run = conv[conv["phase"] == "warm-up"], conv[conv["phase"] == "run"]
+    assert len(warm) == 55 and len(run) == 252
+    assert sorted(warm["conversation"]) == list(range(55)) == sorted(set(run["conversation"]))
+    assert list(run["request_id"]) == [str(i) for i in range(252)]
+    for _, turns in run.groupby("conversation"):                 # round by round
+        assert list(turns["round"]) == list(range(3, 3 + len(turns)))
+    assert (warm["input_tokens"] > 0).all() and (warm["output_tokens"] > 0).all()
+
+    (llmd,) = S.discover(EXCERPT, ("llm-d",))
+    df = S.requests_for(llmd)
+    assert df["warm_up"].sum() == 55 and (~df["warm_up"]).sum() == 60
+    assert df["warm_up"].iloc[:55].all()                          # sent first
+    live = df[~df["warm_up"]]
+    assert list(live["prefix_group"]) == list(run["conversation"].iloc[:60])

@@ -25,8 +25,9 @@ What it measures (the statistics are :mod:`jkernel.uncertainty.estimate`'s):
   arrival's uncached prompt runs as one chunk beside them in a share of the steps
   (:func:`operating_point_log_ratio`), per replica of the pool;
 * **front end**: measured − predicted mean TTFT of the light-load groups timed by a
-  client (the residency runs and each trainval run's first stage; llm-d's cache state is
-  unknown and llmservingsim times on the engine's clock, so neither is used), from the
+  client (the residency runs and each trainval run's first stage; llm-d's held-out loads
+  from 20 req/s carry a queue before the engine the front end does not model, and
+  llmservingsim times on the engine's clock, so neither is used), from the
   replays as shipped (``--baseline``: the CSV of ``python -m validation.serving_runs
   --csv``; without it the serving runs are replayed here, about 15 minutes).
 
@@ -262,7 +263,7 @@ def serving_groups(root: str | Path, baseline: pd.DataFrame, fitted_range, *,
             prompt = float(df["input_tokens"].mean())
             out = float(out_tok.mean())
             uncached = prompt * (1.0 - float(b["cached_fraction"]))
-            front = math.nan          # llm-d: cache state unknown; llmservingsim: engine clock
+            front = math.nan          # llm-d: a queue before the engine; llmservingsim: engine clock
             pdec = float(b["e2e_mean_predicted"] - b["ttft_mean_predicted"])
             pred = {"concurrency": conc * pdec / float(dec.mean()),
                     "itl_s": float(b["itl_mean_predicted"])}

@@ -99,6 +99,11 @@ TRAINVAL = {
 }
 LLMD = "llama-4-scout-fp8-h100-tp4-vllm0.8.5"
 LLMD_FOLDER = "llm-d-lmbench/exp4_scout_fp8_tp4_h100"
+#: The conversations behind every llm-d load point (LMBench's ShareGPT workload: 55
+#: conversations resent turn by turn, the second turn of each as a warm-up before every
+#: load point; workloads/README.md): its prompts are prefix-cache hits up to the previous
+#: turn, which the replay must see (validation/BASELINE.md, "the llm-d cache state").
+LLMD_CONVERSATIONS = Path(__file__).resolve().parent / "workloads" / "lmbench-sharegpt.csv"
 #: llmservingsim run folder → deployment bundle.
 LLMSERVINGSIM = {
     "RTXPRO6000_Llama-3.1-8B": "llama-3.1-8b-rtx-pro-6000-tp1-vllm0.19",
@@ -216,6 +221,12 @@ def requests_for(run: Run, *, prefix: str = PREFIX_HIT, block: int = 16,
     df = validate_requests(df, source=str(run.requests))
     if limit:
         df = df.head(limit).copy()
+    if run.source == "llm-d":
+        from jkernel.calibration.data.serving import read_conversations, with_conversations
+
+        df = validate_requests(with_conversations(df, read_conversations(LLMD_CONVERSATIONS),
+                                                  file=str(run.requests)),
+                               source=str(run.requests))
     return df
 
 
@@ -264,6 +275,8 @@ def predicted(run: Run, table: pd.DataFrame) -> pd.DataFrame:
     """The replay's statistics of ``run`` (its per-request table), grouped as
     :func:`measured` groups the measured side."""
     done = table[~table["rejected"] & table["e2e_s"].notna()]
+    if "warm_up" in done.columns:                  # sent before the run, never measured
+        done = done[~done["warm_up"].astype(bool)]
     if run.groups is None:
         return pd.DataFrame([{"stage": -1, **_stats(done["ttft_s"], done["e2e_s"],
                                                     done["output_tokens"])}])
@@ -347,8 +360,10 @@ def replay_run(run: Run, root: str | Path, kernel=None, *, prefix: str = PREFIX_
     rows["kv_usage_peak"] = float(res.summary["kv_usage_peak"])
     rows["steps"] = int(res.summary["steps"])
     rows["prefix"] = prefix if run.source == "trainval" else "none"
-    rows["cached_fraction"] = float(res.requests["cached_tokens"].sum()
-                                    / max(res.requests["input_tokens"].sum(), 1))
+    t = res.requests
+    if "warm_up" in t.columns:
+        t = t[~t["warm_up"].astype(bool)]
+    rows["cached_fraction"] = float(t["cached_tokens"].sum() / max(t["input_tokens"].sum(), 1))
     return rows, res
 
 
@@ -398,11 +413,14 @@ def baseline(root: str | Path, *, sources=SOURCES, runs=None, limit: int | None 
 # --------------------------------------------------------------------------------------
 # The run manifest of the serving fit
 
-#: llm-d load points whose TTFT the fit uses (the prompt cache of a server never restarted
-#: matters little below the knee), whose ITL it uses (to 30 req/s), and above that none:
-#: the cache state, not the step price, sets both there (BASELINE.md §4). Decided from the
-#: baseline, before any fit.
-LLMD_TTFT_TO, LLMD_ITL_TO = 20.0, 30.0
+#: llm-d load points whose TTFT the fit uses: to 20 req/s. Above it the measured TTFT
+#: grows with the prompt's length by 100–300 µs per token (4–14 µs below), far more than
+#: the prefill of its uncached part: a queue before the engine (the API server of vLLM
+#: 0.8.5 tokenising and streaming for 100+ requests) that the front end's constants do not
+#: model. Every load point's ITL is used: with the conversations the replay sends
+#: (LLMD_CONVERSATIONS) the cache state is known, and the step price is what ITL measures.
+#: (Until the conversations were known, ITL above 30 req/s was left out: BASELINE.md §4.)
+LLMD_TTFT_TO = 20.0
 #: The residency-vllm runs (vLLM 0.23.0, Qwen3-14B, one H100): name → folder.
 RESIDENCY = {"2rps": "sweep_rate/agg_2rps/patched",
              "2rps-1T": "sweep_tenants/1T_agg_2rps/patched",
@@ -412,7 +430,7 @@ RESIDENCY = {"2rps": "sweep_rate/agg_2rps/patched",
 
 def manifest_document(data: str | Path, *, serving: str = "serving-runs",
                       residency: str = "residency-vllm",
-                      scenarios: str = "scenarios") -> dict:
+                      scenarios: str = "scenarios", workloads: str = "workloads") -> dict:
     """The run manifest (:mod:`jkernel.calibration.data.serving`) of every run of the
     shared data folder ``data`` (``serving-runs/`` and ``residency-vllm/`` under it): the
     trainval stages with their measured means inline (``runs.csv``; the server's output
@@ -443,12 +461,13 @@ def manifest_document(data: str | Path, *, serving: str = "serving-runs",
                      "prefix": PREFIX_HIT})
     for run in discover(root, ("llm-d",)):
         rate = float(run.run.split()[0])
-        fit_on = ["ttft", "itl"] if rate <= LLMD_TTFT_TO else (["itl"] if rate <= LLMD_ITL_TO
-                                                               else [])
+        fit_on = ["ttft", "itl"] if rate <= LLMD_TTFT_TO else ["itl"]
         runs.append({"name": run.run, "source": "llm-d",
                      "deployment": f"{scenarios}/{run.scenario}.yaml",
                      "requests": f"{serving}/{run.requests.relative_to(root).as_posix()}",
-                     "format": "benchmark", "fit_on": fit_on})
+                     "format": "benchmark",
+                     "conversations": f"{workloads}/{LLMD_CONVERSATIONS.name}",
+                     "fit_on": fit_on})
     for run in discover(root, ("llmservingsim",)):
         entry = {"name": run.run, "source": "llmservingsim",
                  "deployment": f"{scenarios}/{run.scenario}.yaml",
@@ -475,7 +494,8 @@ def write_manifest(data: str | Path, path: str | Path) -> None:
     ``path``'s folder, the validation bundles)."""
     path = Path(path)
     rel = os.path.relpath(SCENARIOS, path.resolve().parent)
-    doc = manifest_document(data, scenarios=Path(rel).as_posix())
+    wl = os.path.relpath(LLMD_CONVERSATIONS.parent, path.resolve().parent)
+    doc = manifest_document(data, scenarios=Path(rel).as_posix(), workloads=Path(wl).as_posix())
     if path.resolve().parent.is_relative_to(Path(data).resolve()):
         # a manifest inside its data folder (the tests' excerpt) names it as its root
         root = Path(os.path.relpath(Path(data).resolve(), path.resolve().parent)).as_posix()

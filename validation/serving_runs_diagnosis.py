@@ -21,9 +21,10 @@ prices a named alternative to show its size, it changes nothing shipped):
   running then (reconstructed from the per-request timestamps), and the same with a named
   alternative (rtx-4090: the GEMM ramp's m_half scaled by the chip's compute-to-bandwidth
   ratio; rtx-pro-6000: H100's fitted engine constants).
-* ``llmd_cache``: llm-d load points replayed with a cold prefix cache (the baseline) and
-  with every prompt already cached (the same 252 requests replayed once before), which
-  bracket the unknown cache state of a server that was not restarted.
+* ``llmd_cache``: llm-d load points replayed with a cold prefix cache (the baseline), with
+  the conversations the client sent (what the replay ships) and with every prompt already
+  cached (the same 252 requests replayed once before); the slope of TTFT over the prompt's
+  length tells them apart at light load.
 """
 
 from __future__ import annotations
@@ -171,31 +172,49 @@ def workstation(root: str | Path) -> pd.DataFrame:
 
 
 def llmd_cache(root: str | Path, loads=("4", "10", "24", "50", "75", "100")) -> pd.DataFrame:
-    """llm-d load points: measured mean TTFT and ITL (ms) against the replay with a cold
-    prefix cache and with every prompt cached."""
+    """llm-d load points: measured mean TTFT and ITL (ms) and the slope of TTFT over the
+    prompt's tokens (µs per token, least squares over the requests) against three replays:
+    ``cold`` (no prompt cached), ``conv`` (the conversations LMBench sent, with their
+    warm-up: the shipped replay, serving_runs.LLMD_CONVERSATIONS) and ``warm`` (every
+    prompt already cached: the same requests replayed once before)."""
     from jkernel.replay import load_requests, replay
+
+    def slope(tokens, ttft_s) -> float:
+        x = np.asarray(tokens, float)
+        return float(np.polyfit(x, np.asarray(ttft_s, float), 1)[0] * 1e6)
+
+    def stats(t: pd.DataFrame) -> tuple[float, float, float]:
+        t = t[~t["warm_up"].astype(bool)] if "warm_up" in t.columns else t
+        t = t[~t["request_id"].astype(str).str.startswith("w")]
+        s = S._stats(t["ttft_s"], t["e2e_s"], t["output_tokens"])
+        return s["ttft_mean"] * 1e3, s["itl_mean"] * 1e3, slope(t["input_tokens"], t["ttft_s"])
 
     k = S.open_kernel(S.LLMD)
     rows = []
     for run in S.discover(root, ("llm-d",)):
         if run.run.split()[0] not in loads:
             continue
-        df = load_requests(run.requests)
+        df = load_requests(run.requests).drop(columns=["arrival_time_us"], errors="ignore")
         hashes = [" ".join(str(i * 100_000 + j) for j in range(n // 16))
                   for i, n in enumerate(df["input_tokens"])]
-        warm = df.assign(request_id=["w" + str(x) for x in df["request_id"]], block_hashes=hashes)
-        live = df.assign(block_hashes=hashes, arrival_s=df["arrival_s"] + 300.0)
-        t = replay(k, pd.concat([warm, live], ignore_index=True)).requests
-        t = t[~t["request_id"].astype(str).str.startswith("w")]
-        w = S._stats(t["ttft_s"], t["e2e_s"], t["output_tokens"])
+        first = df.assign(request_id=["w" + str(x) for x in df["request_id"]],
+                          block_hashes=hashes)
+        again = df.assign(block_hashes=hashes, arrival_s=df["arrival_s"] + 300.0)
+        warm = stats(replay(k, pd.concat([first, again], ignore_index=True)).requests)
+        cold = stats(replay(k, df).requests)
+        conv = stats(S.replay_run(run, root, k)[1].requests)
         m = S.measured(run, root, df).iloc[0]
-        c = S.replay_run(run, root, k)[0].iloc[0]
-        rows.append({"load": run.run, "ttft_measured_ms": m["ttft_mean"] * 1e3,
-                     "ttft_cold_ms": c["ttft_mean_predicted"] * 1e3,
-                     "ttft_warm_ms": w["ttft_mean"] * 1e3,
-                     "itl_measured_ms": m["itl_mean"] * 1e3,
-                     "itl_cold_ms": c["itl_mean_predicted"] * 1e3,
-                     "itl_warm_ms": w["itl_mean"] * 1e3})
+        meas = pd.read_csv(run.requests)
+        row = {"load": run.run, "ttft_measured_ms": m["ttft_mean"] * 1e3}
+        row.update({f"ttft_{n}_ms": v[0] for n, v in (("cold", cold), ("conv", conv),
+                                                      ("warm", warm))})
+        row["itl_measured_ms"] = m["itl_mean"] * 1e3
+        row.update({f"itl_{n}_ms": v[1] for n, v in (("cold", cold), ("conv", conv),
+                                                     ("warm", warm))})
+        row["slope_measured"] = slope(meas["input_tokens"], meas["ttft_us"] / 1e6)
+        row.update({f"slope_{n}": v[2] for n, v in (("cold", cold), ("conv", conv),
+                                                    ("warm", warm))})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -179,12 +179,12 @@ def test_a_turn_hits_the_blocks_its_conversations_previous_turn_computed(tmp_pat
 
 
 @pytest.mark.parametrize("rows,match", [
-    ([{"phase": "later", "request_id": "0", "conversation": 0}], "column 'phase' at rows 0"),
+    ([{"phase": "later", "request_id": "0", "conversation": 0}], "column 'phase' at row 0"),
     ([{"phase": "run", "request_id": "0", "conversation": 0},
       {"phase": "run", "request_id": "0", "conversation": 1}], "'request_id' at rows 0, 1"),
-    ([{"phase": "run", "request_id": "0", "conversation": -1}], "'conversation' at rows 0"),
+    ([{"phase": "run", "request_id": "0", "conversation": -1}], "'conversation' at row 0"),
     ([{"phase": "warm-up", "request_id": "w", "conversation": 0, "input_tokens": 0,
-       "output_tokens": 3}], "'input_tokens' at rows 0"),
+       "output_tokens": 3}], "'input_tokens' at row 0"),
 ])
 def test_a_bad_conversation_table_is_refused_naming_the_file_column_and_row(tmp_path, rows,
                                                                             match):

@@ -184,8 +184,7 @@ def llmd_cache(root: str | Path, loads=("4", "10", "24", "50", "75", "100")) -> 
         return float(np.polyfit(x, np.asarray(ttft_s, float), 1)[0] * 1e6)
 
     def stats(t: pd.DataFrame) -> tuple[float, float, float]:
-        t = t[~t["warm_up"].astype(bool)] if "warm_up" in t.columns else t
-        t = t[~t["request_id"].astype(str).str.startswith("w")]
+        t = t[~t["warm_up"]] if "warm_up" in t.columns else t
         s = S._stats(t["ttft_s"], t["e2e_s"], t["output_tokens"])
         return s["ttft_mean"] * 1e3, s["itl_mean"] * 1e3, slope(t["input_tokens"], t["ttft_s"])
 
@@ -198,8 +197,9 @@ def llmd_cache(root: str | Path, loads=("4", "10", "24", "50", "75", "100")) -> 
         hashes = [" ".join(str(i * 100_000 + j) for j in range(n // 16))
                   for i, n in enumerate(df["input_tokens"])]
         first = df.assign(request_id=["w" + str(x) for x in df["request_id"]],
-                          block_hashes=hashes)
-        again = df.assign(block_hashes=hashes, arrival_s=df["arrival_s"] + 300.0)
+                          block_hashes=hashes, warm_up=True)      # replayed, not counted
+        again = df.assign(block_hashes=hashes, arrival_s=df["arrival_s"] + 300.0,
+                          warm_up=False)
         warm = stats(replay(k, pd.concat([first, again], ignore_index=True)).requests)
         cold = stats(replay(k, df).requests)
         conv = stats(S.replay_run(run, root, k)[1].requests)

@@ -194,12 +194,8 @@ def _group_keys(df: pd.DataFrame, column: str | None) -> np.ndarray:
     warm-up request (:func:`with_conversations`)."""
     warm = (df["warm_up"].to_numpy(bool) if "warm_up" in df.columns
             else np.zeros(len(df), bool))
-    if column is None:
-        keys = np.full(len(df), -1, np.int64)
-    else:
-        keys = np.full(len(df), -2, np.int64)
-        keys[~warm] = df.loc[~warm, column].to_numpy(np.int64)
-    keys[warm] = -2
+    keys = np.full(len(df), -2, np.int64)
+    keys[~warm] = -1 if column is None else df.loc[~warm, column].to_numpy(np.int64)
     return keys
 
 
@@ -290,6 +286,8 @@ def read_conversations(path: str | os.PathLike) -> pd.DataFrame:
     (:func:`with_conversations`). Refused with the file, the column and the rows: a missing
     column, an unknown phase, a repeated id, a conversation that is not a whole number
     ≥ 0, a warm-up row without whole token counts ≥ 1."""
+    from jkernel.replay.workload import _rows as rows
+
     where = str(path)
     try:
         t = pd.read_csv(path, dtype={"request_id": str, "phase": str})
@@ -302,23 +300,18 @@ def read_conversations(path: str | os.PathLike) -> pd.DataFrame:
                                "has phase, request_id, conversation, input_tokens, "
                                "output_tokens")
 
-    def rows(mask) -> str:
-        idx = np.flatnonzero(mask)
-        more = f" (and {len(idx) - 5} more)" if len(idx) > 5 else ""
-        return ", ".join(str(int(i)) for i in idx[:5]) + more
-
     bad = ~t["phase"].isin(PHASES).to_numpy()
     if bad.any():
-        raise ServingDataError(where, f"column 'phase' at rows {rows(bad)}: allowed "
+        raise ServingDataError(where, f"column 'phase' at {rows(bad)}: allowed "
                                + ", ".join(PHASES))
     dup = t["request_id"].duplicated(keep=False).to_numpy() | t["request_id"].isna().to_numpy()
     if dup.any():
-        raise ServingDataError(where, f"column 'request_id' at rows {rows(dup)}: every "
+        raise ServingDataError(where, f"column 'request_id' at {rows(dup)}: every "
                                "request needs an id of its own")
     conv = pd.to_numeric(t["conversation"], errors="coerce").to_numpy(float)
     bad = ~np.isfinite(conv) | (conv < 0) | (conv != np.round(conv))
     if bad.any():
-        raise ServingDataError(where, f"column 'conversation' at rows {rows(bad)}: a whole "
+        raise ServingDataError(where, f"column 'conversation' at {rows(bad)}: a whole "
                                "number ≥ 0")
     t["conversation"] = conv.astype(np.int64)
     warm = (t["phase"] == "warm-up").to_numpy()
@@ -326,7 +319,7 @@ def read_conversations(path: str | os.PathLike) -> pd.DataFrame:
         v = pd.to_numeric(t[c], errors="coerce").to_numpy(float)
         bad = warm & (~np.isfinite(v) | (v < 1) | (v != np.round(v)))
         if bad.any():
-            raise ServingDataError(where, f"column {c!r} at rows {rows(bad)}: a warm-up "
+            raise ServingDataError(where, f"column {c!r} at {rows(bad)}: a warm-up "
                                    "request's whole number of tokens ≥ 1")
     t.attrs["source"] = where
     return t

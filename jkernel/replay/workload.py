@@ -52,7 +52,7 @@ import pandas as pd
 from .. import limits as _limits
 from ..validate import ArgumentError
 
-__all__ = ["load_requests", "validate_requests", "REQUIRED"]
+__all__ = ["load_requests", "validate_requests", "rows_named", "REQUIRED"]
 
 #: The columns the replay reads (``arrival_s`` may come as ``arrival_time_us``).
 REQUIRED = ("request_id", "arrival_s", "input_tokens", "output_tokens")
@@ -99,7 +99,9 @@ def _read(path: Path) -> pd.DataFrame:
     return df
 
 
-def _rows(mask: np.ndarray, limit: int = 5) -> str:
+def rows_named(mask: np.ndarray, limit: int = 5) -> str:
+    """The rows a boolean mask selects, as a refusal names them: ``"rows 3, 7, 9"``, the first
+    ``limit`` and how many more (data rows, counted from 0)."""
     idx = np.flatnonzero(mask)
     shown = ", ".join(str(int(i)) for i in idx[:limit])
     return f"row{'s' if idx.size > 1 else ''} {shown}" + (f" (and {idx.size - limit} more)"
@@ -112,18 +114,18 @@ def _tokens(df: pd.DataFrame, col: str, where: str) -> np.ndarray:
     bad = ~np.isfinite(raw)
     if bad.any():
         raise ValueError(f"{where}: column {col!r} has missing or non-numeric values at "
-                         f"{_rows(bad)} (data rows, counted from 0)")
+                         f"{rows_named(bad)} (data rows, counted from 0)")
     frac = raw != np.round(raw)
     if frac.any():
         raise ValueError(f"{where}: column {col!r} must hold whole token counts; "
-                         f"{_rows(frac)} do not (e.g. {raw[frac][0]!r})")
+                         f"{rows_named(frac)} do not (e.g. {raw[frac][0]!r})")
     low = raw < 1
     if low.any():
-        raise ValueError(f"{where}: column {col!r} must be ≥ 1 token; {_rows(low)} are not "
+        raise ValueError(f"{where}: column {col!r} must be ≥ 1 token; {rows_named(low)} are not "
                          f"(e.g. {int(raw[low][0])})")
     high = raw > _limits.INT32_MAX
     if high.any():
-        raise ValueError(f"{where}: column {col!r} at {_rows(high)}: "
+        raise ValueError(f"{where}: column {col!r} at {rows_named(high)}: "
                          + _limits.beyond("INT32_MAX", int(raw[high][0])))
     return raw.astype(np.int64)
 
@@ -144,7 +146,7 @@ def _arrivals(df: pd.DataFrame, source: str) -> np.ndarray:
         if differ.any():
             i = int(np.flatnonzero(differ)[0])
             raise ValueError(f"{source}: columns 'arrival_s' and 'arrival_time_us' disagree "
-                             f"at {_rows(differ)} (e.g. {arrival[i]:g} s against "
+                             f"at {rows_named(differ)} (e.g. {arrival[i]:g} s against "
                              f"{us[i]:g} µs); give one of them, or the same time in both")
     return arrival
 
@@ -166,20 +168,20 @@ def _prefix_columns(df: pd.DataFrame, source: str) -> None:
     where = f"{source}: column 'prefix_length'"
     bad = named & ~np.isfinite(length)
     if bad.any():
-        raise ValueError(f"{where} is missing or not a number at {_rows(bad)}, where a "
+        raise ValueError(f"{where} is missing or not a number at {rows_named(bad)}, where a "
                          "prefix_group is named")
     with np.errstate(invalid="ignore"):
         frac = np.isfinite(length) & (length != np.round(length))
         neg = length < 0
         over = named & (length > df["input_tokens"].to_numpy())
     if frac.any():
-        raise ValueError(f"{where} must hold whole token counts; {_rows(frac)} do not")
+        raise ValueError(f"{where} must hold whole token counts; {rows_named(frac)} do not")
     if neg.any():
-        raise ValueError(f"{where} must be ≥ 0; it is negative at {_rows(neg)} "
+        raise ValueError(f"{where} must be ≥ 0; it is negative at {rows_named(neg)} "
                          f"(e.g. {length[neg][0]:g})")
     if over.any():
         i = int(np.flatnonzero(over)[0])
-        raise ValueError(f"{where} exceeds the prompt (input_tokens) at {_rows(over)} "
+        raise ValueError(f"{where} exceeds the prompt (input_tokens) at {rows_named(over)} "
                          f"(e.g. {length[i]:g} > {int(df['input_tokens'].iloc[i])}): a "
                          "shared prefix is part of the prompt")
 
@@ -256,21 +258,21 @@ def validate_requests(df: pd.DataFrame, *, source: str = "requests") -> pd.DataF
                          f"{', '.join(REQUIRED)}")
     if df["request_id"].isna().any():
         raise ValueError(f"{source}: column 'request_id' is empty at "
-                         f"{_rows(df['request_id'].isna().to_numpy())}")
+                         f"{rows_named(df['request_id'].isna().to_numpy())}")
     dup = df["request_id"].duplicated(keep=False).to_numpy()
     if dup.any():
-        raise ValueError(f"{source}: column 'request_id' repeats at {_rows(dup)}")
+        raise ValueError(f"{source}: column 'request_id' repeats at {rows_named(dup)}")
     arrival = pd.to_numeric(df["arrival_s"], errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(arrival)
     if bad.any():
         raise ValueError(f"{source}: column 'arrival_s' has missing or non-numeric values at "
-                         f"{_rows(bad)}")
+                         f"{rows_named(bad)}")
     if (arrival < 0).any():
-        raise ValueError(f"{source}: column 'arrival_s' must be ≥ 0; {_rows(arrival < 0)} "
+        raise ValueError(f"{source}: column 'arrival_s' must be ≥ 0; {rows_named(arrival < 0)} "
                          "are negative")
     late = arrival > _limits.MAX_ARRIVAL_S
     if late.any():
-        raise ValueError(f"{source}: column 'arrival_s' at {_rows(late)}: "
+        raise ValueError(f"{source}: column 'arrival_s' at {rows_named(late)}: "
                          + _limits.beyond("MAX_ARRIVAL_S", float(arrival[late][0])))
     df["arrival_s"] = arrival
     df["input_tokens"] = _tokens(df, "input_tokens", source)
@@ -306,7 +308,7 @@ def _flags(df: pd.DataFrame, column: str, source: str) -> np.ndarray:
         else:
             bad[i] = True
     if bad.any():
-        raise ValueError(f"{source}: column {column!r} at {_rows(bad)}: allowed True or "
+        raise ValueError(f"{source}: column {column!r} at {rows_named(bad)}: allowed True or "
                          "False (or 1, 0)")
     return out
 

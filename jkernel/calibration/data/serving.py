@@ -286,7 +286,7 @@ def read_conversations(path: str | os.PathLike) -> pd.DataFrame:
     (:func:`with_conversations`). Refused with the file, the column and the rows: a missing
     column, an unknown phase, a repeated id, a conversation that is not a whole number
     ≥ 0, a warm-up row without whole token counts ≥ 1."""
-    from jkernel.replay.workload import _rows as rows
+    from jkernel.replay.workload import rows_named as rows
 
     where = str(path)
     try:

@@ -946,8 +946,11 @@ class _Runner:
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
+                # SIGKILL cannot be caught: wait until the worker is reaped. A loaded machine
+                # tearing down a large worker can stretch its exit past any fixed bound, and
+                # a bounded wait here once returned with a worker still alive
                 proc.kill()
-                proc.join(timeout=5)
+                proc.join()
 
     def map(self, fn, items: list, progress: Callable[[int, Any], None] | None = None):
         out: list = [None] * len(items)

@@ -324,6 +324,13 @@ class Kernel:
     def completion_overhead(self) -> float:
         return float(_overheads.completion_overhead(self.params))
 
+    def api_server_work(self) -> _overheads.ApiServerWork:
+        """The API server process's time per request admitted and per token streamed,
+        seconds (:class:`~jkernel.overheads.ApiServerWork`): what the replay queues on it."""
+        return _overheads.ApiServerWork(
+            float(_overheads.api_server_request_time(self.params)),
+            float(_overheads.api_server_token_time(self.params)))
+
     def pd_transfer_time(self, tokens: int, src: _overheads.Placement,
                          dst: _overheads.Placement) -> float:
         """KV transfer of one request to the decode pool (call on the prefill pool, D26).

@@ -6,13 +6,15 @@ reach the host coefficients; :class:`~jkernel.kernel.Kernel` wraps them eagerly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
 from . import laws
 from .documents.hardware import StorageClass
 
-__all__ = ["Placement", "UNKNOWN_TIER_S", "to_s", "admission_overhead",
+__all__ = ["Placement", "UNKNOWN_TIER_S", "to_s", "admission_overhead", "ApiServerWork",
+           "api_server_request_time", "api_server_token_time",
            "output_token_overhead", "completion_overhead", "pd_transfer_time", "tier_time"]
 
 #: The "largest representable duration" of the reference, 2⁶³ − 1 ns, in seconds.
@@ -64,6 +66,28 @@ def output_token_overhead(params):
 def completion_overhead(params):
     """Fixed host cost when a request finishes, seconds (methods.md §3)."""
     return to_s(_get(params, "host_completion"))
+
+
+class ApiServerWork(NamedTuple):
+    """The time one API server process spends on a request's admission and on streaming
+    one token, seconds: the work a replay queues on that process
+    (:mod:`jkernel.replay.sim`). jkernel's own; the spec prices the front end as delays only.
+    """
+
+    per_request_s: float
+    per_token_s: float
+
+
+def api_server_request_time(params):
+    """The API server's time on one request's admission (HTTP and JSON, chat template,
+    tokenisation), seconds: ``host_api_server_per_request`` (0 when absent)."""
+    return to_s(_get(params, "host_api_server_per_request"))
+
+
+def api_server_token_time(params):
+    """The API server's time on one streamed token (detokenisation, the response chunk),
+    seconds: ``host_api_server_per_token`` (0 when absent)."""
+    return to_s(_get(params, "host_api_server_per_token"))
 
 
 def pd_transfer_time(params, tokens, *, kv_bytes_per_token: float, same_node: bool,

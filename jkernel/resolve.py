@@ -971,7 +971,13 @@ def resolve_coefficients(chosen: dict, chip: Chip, hardware: str, layout: Layout
                     "host_serial_per_request": (0.0, "no serial host time per request until "
                                                      "a step-trace fit"),
                     "compute_derate": (1.0, "compute at the profiles' rate until a "
-                                            "step-trace fit")}
+                                            "step-trace fit"),
+                    "host_api_server_per_request": (
+                        0.0, "the API server's admission work never queues until a serving "
+                             "fit"),
+                    "host_api_server_per_token": (
+                        0.0, "the API server's streaming work never queues until a serving "
+                             "fit")}
     # expected_s's shape constants of the decode-attention and fused-MoE laws
     # (jkernel.laws.decode_attention_time, routed_expert_time): at these defaults the laws
     # are step.md §6.3's and §6.2's, until a profile fit (calibration.fit.attention, .moe)

@@ -69,6 +69,22 @@ def test_output_token_and_completion(k):
     assert ns(k.completion_overhead()) == pytest.approx(777_300, abs=1)
 
 
+def test_api_server_work_is_zero_by_default_and_follows_the_constants(k):
+    """The API server's work (jkernel's own, for the replay's queue): 0 where the catalog
+    has no entry (recorded as jkernel's default), else the constants in seconds; a NaN or
+    negative value is 0 (to_s), jitted as unjitted."""
+    assert k.api_server_work() == (0.0, 0.0)
+    assert k.assumption("host_api_server_per_token").startswith("0")
+    p = k.params.replace(host_api_server_per_request=5e-3, host_api_server_per_token=150e-6)
+    assert k.with_params(p).api_server_work() == pytest.approx((5e-3, 150e-6))
+    both = jax.jit(lambda q: (overheads.api_server_request_time(q),
+                              overheads.api_server_token_time(q)))
+    assert [float(x) for x in both(p)] == pytest.approx([5e-3, 150e-6])
+    bad = k.params.replace(host_api_server_per_request=float("nan"),
+                           host_api_server_per_token=-1.0)
+    assert [float(x) for x in both(bad)] == [0.0, 0.0]
+
+
 def _with_admission_per_request(us: float) -> jkernel.Kernel:
     """The vectors.md §4.1 kernel with a ``host_admission_per_request`` entry of ``us``."""
     from jkernel.documents import CoefficientSet, Entry, Scope

@@ -91,6 +91,57 @@ def test_async_scheduling_admits_a_request_one_step_later():
     assert starts == {False: 1, True: 2}
 
 
+def _api(k, per_request_s: float, per_token_s: float):
+    return k.with_params(k.params.replace(host_api_server_per_request=per_request_s,
+                                          host_api_server_per_token=per_token_s))
+
+
+def test_the_api_server_streams_a_steps_tokens_one_after_another():
+    """The API server's work per streamed token (jkernel.replay.sim): three requests whose
+    prompts run in one step get their first tokens 3 × the token time after it ends, and a
+    request alone one token time later than without the work."""
+    k = qwen()
+    rows = [(i, 0.5, 200, 2) for i in range(3)]
+    base, work = replay(k, table(rows)), replay(_api(k, 0.0, 1e-3), table(rows))
+    assert np.allclose(work.requests.ttft_s - base.requests.ttft_s, 3e-3, atol=1e-6)
+    one = [(0, 0.0, 300, 4)]
+    b1, w1 = replay(k, table(one)), replay(_api(k, 0.0, 1e-3), table(one))
+    assert w1.requests.ttft_s.iloc[0] - b1.requests.ttft_s.iloc[0] == pytest.approx(1e-3,
+                                                                                    abs=1e-6)
+    assert w1.requests.itl_mean_s.iloc[0] == pytest.approx(b1.requests.itl_mean_s.iloc[0],
+                                                           abs=1e-6)
+
+
+def test_requests_queue_on_a_busy_api_server_one_admission_at_a_time():
+    """Admission work queues: of requests reaching the server together, the i-th reaches
+    the engine i admissions later; a request's own admission is part of its
+    admission_overhead (it reaches the engine when both are over), so a request alone whose
+    admission work is within that delay is not delayed at all."""
+    k = qwen()
+    adm = ticks(k.admission_overhead(200)) / 1e6
+    rows = [(i, 0.0, 200, 2) for i in range(3)]
+    res = replay(_api(k, 1.0, 0.0), table(rows))
+    pre = res.steps[res.steps.prefill_tokens > 0]
+    assert np.allclose(pre.start_s, 1.0 + np.arange(3) * 1.0, atol=1e-6)   # 1 s > adm
+    assert (pre.requests == 1).all()
+    base = replay(k, table(rows[:1])).requests.ttft_s.iloc[0]
+    assert replay(_api(k, adm / 2, 0.0), table(rows[:1])).requests.ttft_s.iloc[0] == \
+        pytest.approx(base, abs=1e-6)
+
+
+def test_without_api_server_work_the_replay_is_unchanged():
+    """The catalog's default (no API-server work) replays exactly as the delays alone."""
+    k = qwen()
+    assert k.api_server_work() == (0.0, 0.0)
+    rng = np.random.default_rng(5)
+    rows = [(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(0.05, 60)), rng.integers(50, 900, 60),
+        rng.integers(2, 40, 60)))]
+    a = replay(k, table(rows)).requests
+    b = replay(_api(k, 0.0, 0.0), table(rows)).requests
+    pd.testing.assert_frame_equal(a, b)
+
+
 def test_token_budget_and_max_num_seqs_bound_every_step():
     k = qwen(max_num_seqs=4, max_num_batched_tokens=512)
     assert k.settings.max_num_seqs == 4 and k.settings.max_num_batched_tokens == 512

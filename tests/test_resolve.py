@@ -626,8 +626,9 @@ def test_section_4_1_kernel_assumptions_and_values():
     0.31.0) and max_cudagraph_capture_size (512), with those values at the start of the
     scope. Beyond them jkernel records only its decisions: gpu_memory_utilization 0.92 (D15),
     expected.md's kernel_gap / host_serial / host_serial_per_request / compute_derate
-    defaults and the shape constants of expected_s's decode-attention and fused-MoE laws at
-    their neutral values (step.md's laws: the fixture registry has none); every other
+    defaults, the API server's work at 0 (the replay's queue on it off), and the shape
+    constants of expected_s's decode-attention and fused-MoE laws at their neutral values
+    (step.md's laws: the fixture registry has none); every other
     jkernel entry is a needed optional coefficient the fixture registry lacks, recorded as
     `absent`."""
     k = spec_kernel()
@@ -640,10 +641,12 @@ def test_section_4_1_kernel_assumptions_and_values():
     assert decided == {"engine_version", "max_cudagraph_capture_size",
                        "gpu_memory_utilization", "kernel_gap", "host_serial",
                        "host_serial_per_request", "compute_derate",
+                       "host_api_server_per_request", "host_api_server_per_token",
                        "attention_decode_row_floor", "attention_decode_overlap",
                        "moe_kernel_floor_fp8", "moe_m_half", "moe_assignment_time"}
     for name in ("attention_decode_row_floor", "moe_kernel_floor_fp8", "moe_m_half",
-                 "moe_assignment_time"):
+                 "moe_assignment_time", "host_api_server_per_request",
+                 "host_api_server_per_token"):
         assert scope_value(k, name) == "0.0"
     absent = {n for n, s in own.items() if s.startswith("absent")}
     assert absent == {"host_admission_per_request", "attention_decode_floor_mla",

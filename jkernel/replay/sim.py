@@ -7,6 +7,16 @@ the step (methods.md), per request:
 * it becomes schedulable ``admission_overhead(prompt)`` after it reaches a pool;
 * each sampled token reaches the client ``output_token_overhead()`` after the step ends;
 * a finished request adds ``completion_overhead()`` to its end-to-end latency (not to TTFT);
+* the API server is one process per pool that works through its jobs one at a time, in the
+  order they reach it (vLLM's OpenAI server: one process, one event loop, unless
+  ``--api-server-count`` starts more): a request's admission
+  (``host_api_server_per_request``) when it arrives, and at each step's end the streaming of
+  the tokens the step sampled (``host_api_server_per_token`` each). A request reaches the engine ``admission_overhead`` after
+  its admission job starts (the job is part of it; when the job is done, if that is
+  later), so it waits only while the process is busy with earlier jobs;
+  a step's tokens reach the client ``output_token_overhead`` after the process has streamed
+  them all. Both constants are 0 until a serving fit measures them: then the process never
+  queues and these rules are the two above;
 * disaggregated: when the prefill pool has computed the prompt (its sampled token is
   discarded), the KV cache moves to a decode engine in ``pd_transfer_time`` (priced on the
   prefill kernel, D26); the prefill engine holds the blocks until the transfer is done; the
@@ -44,10 +54,11 @@ from .scheduler import PoolLimits, Replica, Seq
 __all__ = ["Pool", "Engine", "Simulation", "StepRecord", "ticks", "step_ticks"]
 
 US_PER_S = 1_000_000
-# Events at one instant run in this order: arrivals, step ends, landed transfers, then the
-# wake-ups of idle engines, so that requests arriving together are scheduled together (the
-# engine core drains its input queue before it schedules).
-_ARRIVE, _STEP_END, _XFER_DONE, _WAKE = 0, 1, 2, 3
+# Events at one instant run in this order: requests reaching a busy API server, arrivals,
+# step ends, landed transfers, then the wake-ups of idle engines, so that requests arriving
+# together are scheduled together (the engine core drains its input queue before it
+# schedules).
+_FRONT, _ARRIVE, _STEP_END, _XFER_DONE, _WAKE = -1, 0, 1, 2, 3
 
 
 def ticks(seconds: float) -> int:
@@ -121,6 +132,13 @@ class Pool:
         self.nodes = kernel.pool().nodes
         self.output_token_us = ticks(kernel.output_token_overhead())
         self.completion_us = ticks(kernel.completion_overhead())
+        api = kernel.api_server_work()
+        #: the API server's work per request (ticks) and per streamed token (seconds); a
+        #: pool whose server does none never queues there (``api`` False)
+        self.api_request_us = ticks(api.per_request_s)
+        self.api_token_s = float(api.per_token_s)
+        self.api = self.api_request_us > 0 or self.api_token_s > 0
+        self.api_free_us = 0          # when the API server has done every job given so far
         self._admission: dict[int, int] = {}
         self.steps = 0
         #: the slowest replica's batch of the last priced step, ``(scheduled, computed,
@@ -154,6 +172,13 @@ class Pool:
 
     def least_loaded_engine(self) -> Engine:
         return min(self.engines, key=Engine.outstanding)
+
+    def api_job(self, t: int, work_us: int) -> tuple[int, int]:
+        """A job of ``work_us`` ticks given to the API server at ``t``: ``(start, done)``,
+        after every job given before it."""
+        start = t if t > self.api_free_us else self.api_free_us
+        self.api_free_us = start + work_us
+        return start, self.api_free_us
 
     def price(self, per_replica: list) -> int:
         """One engine step over its replicas' batches, in ticks; the slowest replica sets it."""
@@ -199,7 +224,8 @@ class StepRecord:
     durations and the overheads while the batches stay the same.
     """
 
-    __slots__ = ("engine", "scheduled", "computed", "pad", "first_step", "last_step")
+    __slots__ = ("engine", "scheduled", "computed", "pad", "first_step", "last_step",
+                 "admit_wait_us", "first_wait_us", "last_wait_us")
 
     def __init__(self, n: int):
         self.engine: list[int] = []
@@ -208,6 +234,12 @@ class StepRecord:
         self.pad: list[int] = []
         self.first_step = np.full(n, -1, np.int64)
         self.last_step = np.full(n, -1, np.int64)
+        #: per request, the ticks it waited on the API server: before its admission, and
+        #: between the end of the step that sampled its first (last) token and that token's
+        #: ``output_token_overhead`` (0 where the server does no work)
+        self.admit_wait_us = np.zeros(n, np.int64)
+        self.first_wait_us = np.zeros(n, np.int64)
+        self.last_wait_us = np.zeros(n, np.int64)
 
 
 class Simulation:
@@ -267,7 +299,20 @@ class Simulation:
         seq = Seq(rid, p, wanted, prefill_only=self.disaggregated,
                   hashes=self.hashes[rid] if entry.limits.prefix_caching else ())
         self.arrival_us[rid] = t
-        self._push(t + entry.admission_us(p), _ARRIVE, (entry, None, seq))
+        if entry.api:
+            self._push(t, _FRONT, (entry, None, seq))
+        else:
+            self._push(t + entry.admission_us(p), _ARRIVE, (entry, None, seq))
+
+    def _front(self, t: int, pool: Pool, engine, seq: Seq) -> None:
+        """``seq`` reaches ``pool``'s API server at ``t``: its admission job waits for the
+        jobs before it, and the request reaches the engine ``admission_overhead`` after the
+        job starts (the job is part of it), or when the job is done if that is later."""
+        start, done = pool.api_job(t, pool.api_request_us)
+        if self.record is not None and pool is self.pools[0]:
+            self.record.admit_wait_us[seq.rid] = start - t
+        self._push(max(start + pool.admission_us(seq.prompt), done), _ARRIVE,
+                   (pool, engine, seq))
 
     def run(self) -> "Simulation":
         self._start()
@@ -294,6 +339,8 @@ class Simulation:
         """One event of the heap at ``t``."""
         if kind == _STEP_END:
             self._step(obj, t)
+        elif kind == _FRONT:
+            self._front(t, *obj)
         elif kind == _ARRIVE:
             pool, engine, seq = obj
             if engine is None:
@@ -315,7 +362,10 @@ class Simulation:
             dseq = Seq(seq.rid, seq.prompt, int(self.output[seq.rid]),
                        computed=seq.prompt - 1)
             dseq.preemptions = seq.preemptions
-            self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
+            if dec.api:
+                self._push(t, _FRONT, (dec, engine, dseq))
+            else:
+                self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
 
     def _schedule(self, engine: Engine):
         per = [r.schedule() for r in engine.replicas]
@@ -379,6 +429,12 @@ class Simulation:
     def _outputs(self, engine: Engine, per: list, t: int) -> None:
         pool = engine.pool
         tok_us = t + pool.output_token_us
+        if pool.api:                  # the API server streams the step's tokens, then they go
+            n = sum(1 for items in per for x in items if x[3] and not x[0].prefill_only)
+            if n:
+                _, done = pool.api_job(t, ticks(n * pool.api_token_s))
+                tok_us = done + pool.output_token_us
+        wait = tok_us - t - pool.output_token_us
         output = self._output
         tokens_us = self.tokens_us
         for replica, items in zip(engine.replicas, per):
@@ -391,6 +447,8 @@ class Simulation:
                     times.append(tok_us)
                     if len(times) < output[rid]:
                         continue
+                    if self.record is not None:
+                        self.record.last_wait_us[rid] = wait
                     self._finish(engine, replica, seq, tok_us)
                     continue
                 if seq.prefill_only:
@@ -408,8 +466,11 @@ class Simulation:
                 self.first_us[rid] = tok_us
                 if self.record is not None:
                     self.record.first_step[rid] = engine.inflight_step
+                    self.record.first_wait_us[rid] = wait
                 times.append(tok_us)
                 if len(times) >= output[rid]:
+                    if self.record is not None:
+                        self.record.last_wait_us[rid] = wait
                     self._finish(engine, replica, seq, tok_us)
 
     def _finish(self, engine: Engine, replica: Replica, seq: Seq, tok_us: int) -> None:

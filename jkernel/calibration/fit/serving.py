@@ -329,6 +329,8 @@ class _Arrays(NamedTuple):
     last: jax.Array            # (K,) int
     weight: jax.Array          # (K,) float
     group: jax.Array           # (K,) int: position in the run's groups
+    held_first: jax.Array      # (K,) float: the API server's waits in its TTFT, s (held)
+    held_last: jax.Array       # (K,) float: the same in its E2E, s (held)
 
 
 @dataclass
@@ -396,8 +398,10 @@ def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
     running then is ``start`` (the first step after, with nothing left of an earlier one,
     when the engine was idle), of which ``rho`` was still to run. Its first token ends step
     ``first``, so its TTFT is ``admission + rho·d[start] + Σ d over the engine's steps after
-    start up to first + output_token_overhead``: exactly the replay's at its constants, and
-    with the batches and the phase ``rho`` held, a smooth function of the constants."""
+    start up to first + output_token_overhead``, plus what it waited on the API server's
+    queue (:mod:`jkernel.replay.sim`; held like the batches, 0 where the server does no
+    work): exactly the replay's at its constants, and with the batches, the phase ``rho``
+    and those waits held, a smooth function of the constants."""
     from jkernel.replay.sim import ticks
 
     rec = result.record
@@ -419,7 +423,11 @@ def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
     cnt = np.flatnonzero((pos >= 0) & done)
     prompts = req["input_tokens"].to_numpy(np.int64)[cnt]
     adm = {int(p): ticks(kernel.admission_overhead(int(p))) / 1e6 for p in np.unique(prompts)}
-    ready = req["arrival_s"].to_numpy(float)[cnt] + np.array([adm[int(p)] for p in prompts])
+    # the API server's queue (jkernel.replay.sim): waits held like the batches, 0 where it
+    # does no work
+    admit_wait = rec.admit_wait_us[cnt] / 1e6
+    ready = (req["arrival_s"].to_numpy(float)[cnt] + np.array([adm[int(p)] for p in prompts])
+             + admit_wait)
     first_s = rec.first_step[cnt]
     start = np.zeros(len(cnt), np.int64)
     rho = np.zeros(len(cnt))
@@ -445,7 +453,9 @@ def fixed_point(segment: Segment, kernel, names: Sequence[str], result,
     arrays = _Arrays(batches, jnp.asarray(mask), pad(start, np.int64), pad(rho, float),
                      pad(prompts, np.int64), pad(first_s, np.int64),
                      pad(rec.last_step[cnt], np.int64), pad(segment.weight[cnt], float),
-                     pad(pos[cnt], np.int64))
+                     pad(pos[cnt], np.int64),
+                     pad(admit_wait + rec.first_wait_us[cnt] / 1e6, float),
+                     pad(admit_wait + rec.last_wait_us[cnt] / 1e6, float))
     return FixedPoint(segment, kernel, tuple(names), arrays, len(segment.run.groups), result, n)
 
 
@@ -465,8 +475,8 @@ def _program(step_fn, names: tuple[str, ...], groups: int):
         wait = overheads.admission_overhead(p, a.prompt) + a.rho * d[a.start] - cum[a.start]
         ot = overheads.output_token_overhead(p)
         co = overheads.completion_overhead(p)
-        ttft = wait + cum[a.first] + ot
-        e2e = wait + cum[a.last] + ot + co
+        ttft = wait + cum[a.first] + ot + a.held_first
+        e2e = wait + cum[a.last] + ot + co + a.held_last
         seg = lambda x: jax.ops.segment_sum(x, a.group, num_segments=groups)  # noqa: E731
         return jnp.stack([seg(a.weight * ttft), seg(a.weight * e2e), seg(a.weight)])
 

@@ -258,6 +258,28 @@ def test_the_fixed_point_reproduces_the_replay():
     assert np.all(np.isfinite(dt)) and np.all(np.isfinite(de))
 
 
+def test_the_fixed_point_reproduces_a_replay_that_queues_on_the_api_server():
+    """With the API server doing work (jkernel.replay.sim), its waits are held like the
+    batches: at the replay's constants the fixed point still gives the replay's group means,
+    and the waits are in them (the same replay without the work is faster)."""
+    jkernel.enable_x64()
+    k0 = jkernel.open(SCENARIO)
+    k = k0.with_params(k0.params.replace(host_api_server_per_request=4e-3,
+                                         host_api_server_per_token=2e-3))
+    run = _run("a", _synthetic_requests(20.0, 80, 1))
+    names = list(fs.SERVING_CONSTANTS)
+    theta = np.log([fs._start(k, n) for n in names])
+    (seg,) = fs.segments_of(run, sample=0)
+    (fp,) = fs._replay_segments([seg], {id(run): k}, names, theta)
+    t, e, _, _ = fs._predicted([fp], [run], names, theta)[(0, 0)]
+    req = fp.result.requests
+    assert t == pytest.approx(req["ttft_s"].mean(), abs=2e-6)
+    assert e == pytest.approx(req["e2e_s"].mean(), abs=2e-6)
+    assert fp.result.record.first_wait_us.max() > 0
+    (fp0,) = fs._replay_segments([seg], {id(run): k0}, names, theta)
+    assert fp0.result.requests["ttft_s"].mean() < t
+
+
 def test_sampled_groups_count_the_transient_of_the_first_group_only():
     df = _synthetic_requests(20.0, 1000, 2)
     df["stage"] = [0] * 500 + [1] * 500
@@ -440,6 +462,27 @@ def test_the_command_runs_on_the_committed_excerpt(tmp_path):
     t = pd.read_csv(table)
     assert set(t["split"]) == {"fit"}
     assert {"ttft_mean_error_before", "itl_mean_error_after"} <= set(t.columns)
+
+
+def test_the_command_fits_the_api_server_on_the_committed_excerpt(tmp_path):
+    """``--api-server`` writes the API server's two constants for the class it fitted,
+    scoped to its engine versions and every chip given, with the verdict in the rationale:
+    one load point is one group, too few to fit the work (MIN_GROUPS), so both are 0."""
+    from jkernel.calibration.__main__ import main
+    from jkernel.documents.coefficients import load_coefficient_set
+
+    out = tmp_path / "serving.yaml"
+    rc = main(["serving", "--runs", str(EXCERPT), "--out", str(out), "--max-outer", "1",
+               "--only", "4 req/s", "--api-server", "--front-end-hardware", "h100", "h200",
+               "--quiet"])
+    assert rc == 0
+    api = {e.name: e for e in load_coefficient_set(out).entries
+           if e.name.startswith("host_api_server_")}
+    assert set(api) == {"host_api_server_per_request", "host_api_server_per_token"}
+    for e in api.values():
+        assert e.method == "not_charged" and e.scope.hardware == ("h100", "h200")
+        assert e.scope.engine_version is not None and e.fitted_on is not None
+        assert e.value == 0.0 and "too few to fit the work" in e.rationale
 
 
 def test_the_command_refuses_a_bad_manifest_with_status_2(tmp_path, capsys):

@@ -30,7 +30,9 @@ step and per request, the compute derate) to serving runs listed in a run manife
 and engine version), and writes the identified constants as a coefficient set (scoped by
 chip and engine version, each with the deployments it was fitted on) and a Markdown report
 of the errors before and after on the fit and the held-out runs
-(:mod:`jkernel.calibration.fit.serving`). Progress goes to stderr.
+(:mod:`jkernel.calibration.fit.serving`); with ``--api-server`` also the API server's work
+per request and per streamed token (:mod:`jkernel.calibration.fit.api_server`), after which
+each class whose runs keep it is fitted again with it. Progress goes to stderr.
 Exit status: 0 on success, 2 on bad input (a clear message naming the file).
 """
 
@@ -208,7 +210,7 @@ def _held_reports(a, fit, say) -> None:
 def cmd_serving(a) -> int:
     from .data.serving import read_manifest
     from .fit.serving import fit_classes
-    from .report.coefficients import serving_set, write_coefficient_set
+    from .report.coefficients import api_server_set, serving_set, write_coefficient_set
     from .report.markdown import serving_report
 
     say = _progress(a.quiet)
@@ -218,14 +220,22 @@ def cmd_serving(a) -> int:
         raise ValueError(f"{a.runs}: no run left (sources {a.sources}, runs {a.only})")
     names = tuple(a.fit.split(",")) if a.fit else None
     command = "python -m jkernel.calibration " + " ".join(shlex.quote(x) for x in a.argv)
-    fits = fit_classes(runs, names_for=lambda cls, fit_runs: names, log=say,
+    kernels: dict = {}
+    fits = fit_classes(runs, kernels=kernels, names_for=lambda cls, fit_runs: names, log=say,
                        sample=a.sample, max_outer=a.max_outer)
     if not fits:
         raise ValueError(f"{a.runs}: no deployment class has a fit run")
+    api = []
+    if a.api_server:
+        from .fit.api_server import refit_with_api_server
+
+        fits, api = refit_with_api_server(fits, kernels, lambda cls, fit_runs: names,
+                                          sample=a.sample, log=say, max_outer=a.max_outer)
     out = Path(a.out)
     name = a.set_name or out.stem
     entries = serving_set(fits, command=command, front_end_hardware=a.front_end_hardware,
                           taken_only=not a.write_all)
+    entries += api_server_set(api, command=command, hardware=a.front_end_hardware)
     write_coefficient_set(out, name, entries, header=(
         f"{name}: engine-level constants fitted from serving runs by jkernel's calibration.\n"
         f"Reproduce with: {command}\nEvery entry: method fitted, scoped by chip and engine "
@@ -323,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write every constant the fits identified, also step constants of a "
                         "fit whose ITLs scatter more than the catalog takes (ACCEPT_SIGMA), "
                         "each for its fit's engine version only")
+    v.add_argument("--api-server", action="store_true",
+                   help="also fit the API server's work per request and per streamed token "
+                        "(the queue on its one process, jkernel/calibration/fit/api_server.py) "
+                        "by a grid of replays, then refit the serving constants with it")
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=cmd_serving)
 

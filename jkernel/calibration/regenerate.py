@@ -68,8 +68,13 @@ kept, with a note.
    pins it, step constants only where the fitted ITLs scatter at most
    :data:`~jkernel.calibration.fit.serving.ACCEPT_SIGMA` around it) is written
    scoped by chip and engine version (front-end constants for every chip of the catalog),
-   each entry with the deployments it was fitted on (``fitted_on``); ``host_completion`` is
-   measured from the residency runs' chunk times (``--steps`` or ``DIR/residency-vllm``).
+   each entry with the deployments it was fitted on (``fitted_on``). Then, per class with
+   runs on the client's clock, the API server's work per request and per streamed token
+   (:func:`jkernel.calibration.fit.api_server.refit_with_api_server`: a grid of replays at
+   the fitted constants; where the groups keep the work, the class is fitted again with it),
+   written for every chip and the class's engine versions, 0 where none is kept.
+   ``host_completion`` is measured from the residency runs' chunk times (``--steps`` or
+   ``DIR/residency-vllm``).
    The report goes to ``--reports``/serving.md. After the primitive laws change, this stage
    and stage 4 are the refit:
    ``python -m jkernel.calibration.regenerate --steps ../shared/data/residency-vllm
@@ -667,8 +672,9 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
     from jkernel.catalog import catalog_root
 
     from .data.serving import read_manifest
+    from .fit.api_server import refit_with_api_server
     from .fit.serving import SAMPLE, fit_classes
-    from .report.coefficients import serving_set
+    from .report.coefficients import api_server_set, serving_set
     from .report.markdown import serving_report
 
     say = progress or (lambda m: None)
@@ -683,13 +689,15 @@ def regenerate_serving(manifest: str | Path, *, data: str | Path | None = None,
             return FRONT_END_FIT
         return None
 
-    fits = fit_classes(runs, kernels=kernels, names_for=names_for, log=say,
-                       sample=SAMPLE if sample is None else sample)
+    n = SAMPLE if sample is None else sample
+    fits = fit_classes(runs, kernels=kernels, names_for=names_for, log=say, sample=n)
+    fits, api = refit_with_api_server(fits, kernels, names_for, sample=n, log=say)
     chips = front_end_chips(root)
     cmd = (f"python -m jkernel.calibration.regenerate --serving {manifest}"
            + (f" --serving-data {data}" if data else ""))
     entries = serving_set([f for f in fits if f.accepted], command=cmd,
                           front_end_hardware=chips, step_traced=traced)
+    entries += api_server_set(api, command=cmd, hardware=chips)
     if residency is not None and chips:
         done = _completion_entry(Path(residency), tuple(chips), STEP_RUNS)
         if done is not None:

@@ -37,6 +37,7 @@ from ..fit.stepfit import STEP_CONSTANTS
 
 __all__ = ["SET_OF", "LAWS", "set_for", "units_for", "round_sig", "make_entry",
            "profile_entries", "trace_entries", "step_entries", "serving_entries", "serving_set",
+           "api_server_entries", "api_server_set",
            "SERVING_METRIC", "catalog_yaml", "CatalogDumper", "coefficient_set",
            "write_coefficient_set"]
 
@@ -56,7 +57,9 @@ _UNITS = (("collective_floor", "us_per_transfer"), ("collective_", "bytes_per_us
           ("recurrent_decode_rate", "tokens"), ("gemm_m_half", "tokens"),
           ("host_admission_per_request", "us_per_request"),
           ("host_admission_per_token", "us_per_token"), ("host_output_token", "us_per_token"),
-          ("host_completion", "us_per_request"), ("host_launch_eager_per_layer", "us_per_layer"),
+          ("host_completion", "us_per_request"),
+          ("host_api_server_per_request", "us_per_request"),
+          ("host_api_server_per_token", "us_per_token"), ("host_launch_eager_per_layer", "us_per_layer"),
           ("host_replay_graph_per_step", "us_per_step"),
           ("host_launch_per_kernel", "us_per_transfer"), ("kernel_gap", "us_per_transfer"),
           ("host_serial_per_request", "us_per_request"),
@@ -399,3 +402,74 @@ def write_coefficient_set(path: str | Path, name: str, entries: Iterable[Entry],
     p.parent.mkdir(parents=True, exist_ok=True)
     write_text(p, text)
     return p
+
+
+def api_server_entries(fit, serving_fit, *, command: str, hardware: Sequence[str],
+                       engine_version: VersionRange | None) -> list[Entry]:
+    """The two entries of an :class:`~jkernel.calibration.fit.api_server.ApiServerFit` of
+    one deployment class (``serving_fit``, the class's
+    :class:`~jkernel.calibration.fit.serving.ServingFit`, names its runs): the work kept,
+    ``method: fitted``, or 0, ``method: not_charged``, where none is kept (the rationale
+    says why); host CPU work, so scoped to every chip in ``hardware`` and to the class's
+    ``engine_version`` range."""
+    import hashlib
+
+    runs = fit.runs
+    sha = hashlib.sha256(";".join(sorted(r.sha256 for r in runs)).encode()).hexdigest()
+    cite = (f"{len(runs)} serving runs ({', '.join(sorted({r.source for r in runs}))}): "
+            + "; ".join(r.name for r in runs) + f"; {serving_fit.cls}")
+    rows = int(sum(g.requests for r in runs for g in r.groups))
+    fitted_on = FittedOn(hardware=(serving_fit.cls.hardware,),
+                         engine_version=(serving_fit.cls.engine_version,),
+                         model=tuple(sorted({d["model"] for d in serving_fit.deployments})),
+                         tp=tuple(sorted({int(d["tp"]) for d in serving_fit.deployments})))
+    stat, crit = fit.test
+    what = {"host_api_server_per_request": "the API server process's time on one request's "
+                                           "admission (HTTP and JSON, chat template, "
+                                           "tokenisation), part of the front end's delay",
+            "host_api_server_per_token": "the API server process's time on one streamed "
+                                         "token (detokenisation, the response chunk)"}
+    out = []
+    for name, value in (("host_api_server_per_request", fit.per_request_s),
+                        ("host_api_server_per_token", fit.per_token_s)):
+        ci = fit.ci95.get(name)
+        verdict = (f"kept: the groups reject no work (likelihood ratio {stat:.1f} against "
+                   f"χ²(2) {crit:.1f})" if fit.kept else
+                   f"0: not fitted ({fit.reason}), so the server never queues here"
+                   if fit.reason else
+                   f"0: the groups do not reject no work (likelihood ratio {stat:.1f} "
+                   f"against χ²(2) {crit:.1f}), so the server never queues here")
+        rationale = (f"{what[name]}, which the replay queues on one process per pool "
+                     f"(jkernel.replay.sim). Fitted derivative-free from serving runs ({cite}) "
+                     f"by {command}: a grid replayed on the fit runs at the serving fit's "
+                     f"constants, every group's mean TTFT and the fitted ITLs, a Cauchy "
+                     f"likelihood with each metric's scale profiled out "
+                     f"(jkernel.calibration.fit.api_server); {fit.replays} replays. "
+                     f"{verdict}. Interval: the grid profile (as coarse as the grid); the "
+                     f"serving constants were then refitted with this work in the replay.")
+        se = (ci[1] - ci[0]) / 3.92 if (fit.kept and ci is not None) else None
+        # a time the fit leaves at 0 is written as not charged (the catalog's only 0)
+        out.append(make_entry(name, value, hardware=tuple(hardware), cite=cite, sha256=sha,
+                              rows=rows, heldout=None, se_si=se, ci_si=ci,
+                              identifiable=bool(fit.kept and ci is not None),
+                              rationale=rationale, engine_version=engine_version,
+                              fitted_on=fitted_on,
+                              method="fitted" if value > 0 else "not_charged"))
+    return out
+
+
+def api_server_set(pairs, *, command: str, hardware: Sequence[str] | None) -> list[Entry]:
+    """The entries of every ``(serving fit, ApiServerFit)`` pair
+    (:func:`jkernel.calibration.fit.api_server.refit_with_api_server`): per class, its two
+    entries scoped to the engine versions its fit stands for (split at the front end's
+    boundaries, as the front end's entries are) and to every chip in ``hardware`` (the
+    class's chip when None)."""
+    from ..fit.serving import FRONT_END_BOUNDARIES, version_ranges
+
+    ranges = version_ranges([f.cls.engine_version for f, _ in pairs], FRONT_END_BOUNDARIES)
+    out: list[Entry] = []
+    for f, a in pairs:
+        out += api_server_entries(a, f, command=command,
+                                  hardware=tuple(hardware) if hardware else (f.cls.hardware,),
+                                  engine_version=ranges[f.cls.engine_version])
+    return out

@@ -939,6 +939,7 @@ class _Runner:
         # finish; cancel the queued ones, terminate the workers and reap them, so nothing
         # is left running.
         procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for proc in procs:
             if proc.is_alive():
@@ -946,11 +947,14 @@ class _Runner:
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
-                # SIGKILL cannot be caught: wait until the worker is reaped. A loaded machine
-                # tearing down a large worker can stretch its exit past any fixed bound, and
-                # a bounded wait here once returned with a worker still alive
-                proc.kill()
+                proc.kill()              # SIGKILL cannot be caught: wait until it is reaped
                 proc.join()
+        # The executor's own thread joins the workers too, and whichever thread reaps a
+        # worker first records its exit: a worker that thread reaped is gone, but reads as
+        # alive here until it has recorded it (a loaded machine once showed one so). Wait
+        # for that thread, which ends once its workers are gone.
+        if manager is not None:
+            manager.join(timeout=10)
 
     def map(self, fn, items: list, progress: Callable[[int, Any], None] | None = None):
         out: list = [None] * len(items)

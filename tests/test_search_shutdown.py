@@ -110,9 +110,9 @@ def _task(x: int) -> int:
 
 def test_a_failed_task_stops_the_other_workers_at_once():
     """A failure in one worker ends the map promptly (not after the other tasks finish),
-    with every worker process stopped by the time the runner returns. (Defect: on an overloaded
-    machine a worker was found alive after the runner returned; the runner waited at most
-    5 s after SIGKILL, and now waits until the worker is reaped.)"""
+    with every worker process stopped by the time the runner returns. (Defect: on a loaded
+    machine a worker read as alive after the runner returned: the executor's own thread had
+    reaped it and not yet recorded its exit; the runner now waits for that thread.)"""
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="task 0 failed"):
         with search._Runner(workers=2) as run:

@@ -445,8 +445,9 @@ def api_server_entries(fit, serving_fit, *, command: str, hardware: Sequence[str
                      f"constants, every group's mean TTFT and the fitted ITLs, a Cauchy "
                      f"likelihood with each metric's scale profiled out "
                      f"(jkernel.calibration.fit.api_server); {fit.replays} replays. "
-                     f"{verdict}. Interval: the grid profile (as coarse as the grid); the "
-                     f"serving constants were then refitted with this work in the replay.")
+                     f"{verdict}." + (" Interval: the grid profile (as coarse as the grid); "
+                                      "the serving constants were then refitted with this "
+                                      "work in the replay." if fit.kept else ""))
         se = (ci[1] - ci[0]) / 3.92 if (fit.kept and ci is not None) else None
         # a time the fit leaves at 0 is written as not charged (the catalog's only 0)
         out.append(make_entry(name, value, hardware=tuple(hardware), cite=cite, sha256=sha,

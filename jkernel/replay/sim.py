@@ -11,12 +11,12 @@ the step (methods.md), per request:
   order they reach it (vLLM's OpenAI server: one process, one event loop, unless
   ``--api-server-count`` starts more): a request's admission
   (``host_api_server_per_request``) when it arrives, and at each step's end the streaming of
-  the tokens the step sampled (``host_api_server_per_token`` each). A request reaches the engine ``admission_overhead`` after
-  its admission job starts (the job is part of it; when the job is done, if that is
-  later), so it waits only while the process is busy with earlier jobs;
-  a step's tokens reach the client ``output_token_overhead`` after the process has streamed
-  them all. Both constants are 0 until a serving fit measures them: then the process never
-  queues and these rules are the two above;
+  the tokens the step sampled (``host_api_server_per_token`` each). A request reaches the
+  engine ``admission_overhead`` after its admission job starts (the job is part of it; when
+  the job is done, if that is later), so it waits only while the process is busy with
+  earlier jobs; a step's tokens reach the client ``output_token_overhead`` after the process
+  has streamed them all. Both constants are 0 until a serving fit measures them: then the
+  process never queues and these rules are the two above;
 * disaggregated: when the prefill pool has computed the prompt (its sampled token is
   discarded), the KV cache moves to a decode engine in ``pd_transfer_time`` (priced on the
   prefill kernel, D26); the prefill engine holds the blocks until the transfer is done; the

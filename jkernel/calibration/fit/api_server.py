@@ -40,12 +40,14 @@ import numpy as np
 
 from .serving import START_TEST_LEVEL, Segment, segments_of
 
-__all__ = ["TOKEN_GRID_S", "REQUEST_GRID_S", "MIN_GROUPS", "MIN_SCALE", "ApiServerFit", "fit_api_server",
-           "refit_with_api_server", "group_means", "shifted_loss", "cauchy_nll"]
+__all__ = ["TOKEN_GRID_S", "REQUEST_GRID_S", "MIN_GROUPS", "MIN_SCALE", "ApiServerFit",
+           "fit_api_server", "refit_with_api_server", "group_means", "shifted_loss",
+           "cauchy_nll"]
 
 #: The API server's time per streamed token tried, s. vLLM's Python server detokenises,
 #: builds and writes one response chunk per token; the spec's reference value for that work
-#: is 45.9 µs (docs/calibrate.md), and the grid reaches well past it either way.
+#: is 45.9 µs (``host_output_token`` in catalog/coefficients/cost-model-host-overheads.yaml),
+#: and the grid reaches well past it either way.
 TOKEN_GRID_S = (0.0, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6)
 #: Its time per request admitted tried, s (capped at the front end's delay, which it is
 #: part of).

@@ -299,10 +299,15 @@ class Simulation:
         seq = Seq(rid, p, wanted, prefill_only=self.disaggregated,
                   hashes=self.hashes[rid] if entry.limits.prefix_caching else ())
         self.arrival_us[rid] = t
-        if entry.api:
-            self._push(t, _FRONT, (entry, None, seq))
+        self._reach(t, entry, None, seq)
+
+    def _reach(self, t: int, pool: Pool, engine, seq: Seq) -> None:
+        """``seq`` reaches ``pool`` at ``t``: its API server when that does work
+        (:meth:`_front`), else the engine ``admission_overhead`` later."""
+        if pool.api:
+            self._push(t, _FRONT, (pool, engine, seq))
         else:
-            self._push(t + entry.admission_us(p), _ARRIVE, (entry, None, seq))
+            self._push(t + pool.admission_us(seq.prompt), _ARRIVE, (pool, engine, seq))
 
     def _front(self, t: int, pool: Pool, engine, seq: Seq) -> None:
         """``seq`` reaches ``pool``'s API server at ``t``: its admission job waits for the
@@ -362,10 +367,7 @@ class Simulation:
             dseq = Seq(seq.rid, seq.prompt, int(self.output[seq.rid]),
                        computed=seq.prompt - 1)
             dseq.preemptions = seq.preemptions
-            if dec.api:
-                self._push(t, _FRONT, (dec, engine, dseq))
-            else:
-                self._push(t + dec.admission_us(seq.prompt), _ARRIVE, (dec, engine, dseq))
+            self._reach(t, dec, engine, dseq)
 
     def _schedule(self, engine: Engine):
         per = [r.schedule() for r in engine.replicas]

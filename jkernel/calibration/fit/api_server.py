@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .serving import START_TEST_LEVEL, Segment, segments_of
+from .serving import START_TEST_LEVEL, Segment, replay_segment, segments_of
 
 __all__ = ["TOKEN_GRID_S", "REQUEST_GRID_S", "MIN_GROUPS", "MIN_SCALE", "ApiServerFit",
            "fit_api_server", "refit_with_api_server", "group_means", "shifted_loss",
@@ -190,8 +190,6 @@ def fit_api_server(runs: Sequence, kernels: dict, *, admission_s: float,
     class. ``kernels``: run label → the kernel at the serving fit's constants;
     ``admission_s``: its fixed front-end delay (``host_admission_per_request``, s), which
     bounds the work per request and which the shift ``Δ`` may lower to 0 at most."""
-    from jkernel.replay import replay
-
     say = log or (lambda m: None)
     t0 = time.perf_counter()
     # a run on the engine's clock starts after the API server: its queue is not in it
@@ -221,8 +219,7 @@ def fit_api_server(runs: Sequence, kernels: dict, *, admission_s: float,
             k = kernels[seg.run.label]
             k = k.with_params(k.params.replace(host_api_server_per_request=float(w_req),
                                                host_api_server_per_token=float(w_tok)))
-            clients = seg.run.clients if len(seg.requests) == len(seg.run.requests) else None
-            results.append(replay(k, seg.requests, clients=clients))
+            results.append(replay_segment(seg, k))
             count[0] += 1
         tp, tm, ip, im = _rows(runs, group_means(segs, results))
         # the fixed delay may fall to the work per request, never below

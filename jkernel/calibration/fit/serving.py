@@ -95,7 +95,8 @@ __all__ = ["SERVING_CONSTANTS", "FRONT_END", "STEP", "PRIORS", "SIGMA", "TOLERAN
            "MAX_OUTER", "TRANSIENT_MIN", "SAMPLE", "ORDER", "pinned", "start_rejected",
            "START_TEST_LEVEL", "ACCEPT_SIGMA", "STEP_BOUNDARIES",
            "FRONT_END_BOUNDARIES", "OLDEST", "version_ranges", "MODEL_SIGMA", "COLLINEAR", "family_of", "MEASURED_DERATE_SIGMA", "priors", "DeploymentClass", "class_of", "serving_classes", "choose",
-           "Segment", "FixedPoint", "fixed_point", "segments_of", "ServingFit", "fit_serving",
+           "Segment", "FixedPoint", "fixed_point", "segments_of", "replay_segment",
+           "ServingFit", "fit_serving",
            "fit_classes",
            "evaluate", "group_table"]
 
@@ -667,17 +668,24 @@ def _kernel_at(base_kernel, names, theta, clock: str):
     return base_kernel.with_params(base_kernel.params.replace(**vals))
 
 
-def _replay_segments(segments: Sequence[Segment], kernels: dict, names, theta,
-                     log: Callable[[str], None] | None = None) -> list[FixedPoint]:
+def replay_segment(segment: Segment, kernel, *, record: bool = False):
+    """``segment``'s requests replayed on ``kernel`` (a ``ReplayResult``); the run's
+    closed-loop clients drive it when the segment is the whole run."""
     from jkernel.replay import replay
 
+    whole = len(segment.requests) == len(segment.run.requests)
+    return replay(kernel, segment.requests, record=record,
+                  clients=segment.run.clients if whole else None)
+
+
+def _replay_segments(segments: Sequence[Segment], kernels: dict, names, theta,
+                     log: Callable[[str], None] | None = None) -> list[FixedPoint]:
     done = []
     shapes: dict = {}
     for seg in segments:
         base = kernels[id(seg.run)]
         k = _kernel_at(base, names, theta, seg.run.clock)
-        clients = seg.run.clients if len(seg.requests) == len(seg.run.requests) else None
-        res = replay(k, seg.requests, record=True, clients=clients)
+        res = replay_segment(seg, k, record=True)
         sh = _shape(k, res, seg)
         key = (k.step_fn, seg.run.clock, len(seg.run.groups))
         shapes[key] = shapes[key].join(sh) if key in shapes else sh

@@ -146,6 +146,10 @@ class EngineSettings:
     max_model_len: int
     enable_prefix_caching: bool
     async_scheduling: bool
+    #: A waiting request is admitted only if its whole known sequence (prompt, and the
+    #: tokens sampled before a preemption) fits the free KV blocks, not only its first chunk
+    #: (vLLM's ``scheduler_reserve_full_isl``, on by default in v0.31.0; docs/simulator.md).
+    scheduler_reserve_full_isl: bool
     #: vLLM classifies a request as a decode up to the uniform decode width (1 + num_spec);
     #: a backend may raise it (FlashMLA 128), which the caller passes per batch (step.md §1.1).
     decode_threshold: int
@@ -572,6 +576,7 @@ class EngineDefaults:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     async_scheduling: bool
+    reserve_full_isl: bool
     notes: Notes = Notes()
 
 
@@ -777,9 +782,14 @@ def resolve_engine_defaults(eng, chip: Chip, facts: GraphFacts, pf: str) -> Engi
     _check_budgets(max_tokens, max_seqs, block, mamba_mode, eng, pf)
     # vLLM v0.31.0 runs asynchronous scheduling unless it is turned off (resolution.md §10).
     async_on = eng.async_scheduling if eng.async_scheduling is not None else True
+    # vLLM v0.31.0 SchedulerConfig.scheduler_reserve_full_isl defaults to true: a waiting
+    # request is admitted only when the KV cache can hold its whole known sequence (engines
+    # before it, e.g. 0.15, checked only the first chunk: state false for those).
+    full_isl = (eng.scheduler_reserve_full_isl if eng.scheduler_reserve_full_isl is not None
+                else True)
     return EngineDefaults(mode_name, decode_mode, other_mode, max_tokens, max_seqs, num_spec,
                           uniform_width, ceiling, block, mamba_mode, util, prefix_on,
-                          async_on, rec.notes())
+                          async_on, full_isl, rec.notes())
 
 
 def _check_budgets(max_tokens: int, max_seqs: int, block: int, mamba_mode: str, eng,
@@ -1141,6 +1151,7 @@ def settings_of(layout: Layout, dtypes: Dtypes, defaults: EngineDefaults, cp: Co
         max_num_seqs=defaults.max_num_seqs, max_model_len=max_model_len,
         enable_prefix_caching=defaults.enable_prefix_caching,
         async_scheduling=defaults.async_scheduling,
+        scheduler_reserve_full_isl=defaults.reserve_full_isl,
         decode_threshold=defaults.uniform_decode_width,
         engines=pool_gpus // engine_gpus, engine_gpus=engine_gpus,
         gpu_memory_utilization=defaults.gpu_memory_utilization,

@@ -246,7 +246,8 @@ def test_tp_or_dp_below_one_is_r5(key, value):
 
 def test_engine_setting_out_of_range_is_r1():
     """resolution.md §3 'Settings (R1)': gpu_memory_utilization ∈ [0, 1]; speculative needs a
-    method and num_spec_tokens ≥ 1; custom all-reduce must not contradict its disable flag."""
+    method and num_spec_tokens ≥ 1; custom all-reduce must not contradict its disable flag;
+    a switch such as scheduler_reserve_full_isl is true or false."""
     for engine, field in [
         ({"gpu_memory_utilization": 1.5}, "engine.gpu_memory_utilization"),
         ({"speculative": {"method": "mtp", "num_spec_tokens": 0}},
@@ -254,6 +255,7 @@ def test_engine_setting_out_of_range_is_r1():
         ({"speculative": {"num_spec_tokens": 1}}, "engine.speculative.method"),
         ({"allreduce_backend": "custom", "disable_custom_all_reduce": True},
          "engine.disable_custom_all_reduce"),
+        ({"scheduler_reserve_full_isl": "yes"}, "engine.scheduler_reserve_full_isl"),
     ]:
         sc, dep = _bundle_docs()
         dep["pools"][0]["engine"] = engine

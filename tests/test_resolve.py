@@ -455,20 +455,24 @@ def test_stated_limits_record_no_assumption():
 
 def test_engine_settings_are_a_frozen_record_of_what_the_engine_runs_with():
     """`Kernel.settings` holds every setting a scheduler sizes itself from, resolved: prefix
-    caching and async scheduling on unless stated off (vLLM v0.31.0), max_model_len the
-    stated one, else the length vLLM derives from the model's config.json."""
+    caching, async scheduling and the whole-sequence admission check on unless stated off
+    (vLLM v0.31.0), max_model_len the stated one, else the length vLLM derives from the
+    model's config.json."""
     unstated = jkernel.open("llama-3.1-8b-a100-tp1")        # states no max_model_len
     s = unstated.settings
     assert isinstance(s, jkernel.EngineSettings)
     assert s.max_model_len == unstated.inputs.model_max_len == 131072
     assert (s.enable_prefix_caching, s.async_scheduling) == (True, True)
+    assert s.scheduler_reserve_full_isl is True
     assert s.async_scheduling is unstated.resolution().async_scheduling
     assert (s.block_size, s.max_num_batched_tokens, s.max_num_seqs) == (16, 2048, 256)
     assert (s.engines, s.engine_gpus, s.decode_threshold) == (1, 1, 1)
     assert jkernel.open("llama-3.1-8b-h100-tp1").settings.max_model_len == 8192   # stated
     off = build(**TINY, tp=1, engine={"enable_prefix_caching": False,
-                                      "async_scheduling": False})
-    assert (off.settings.enable_prefix_caching, off.settings.async_scheduling) == (False, False)
+                                      "async_scheduling": False,
+                                      "scheduler_reserve_full_isl": False})
+    assert (off.settings.enable_prefix_caching, off.settings.async_scheduling,
+            off.settings.scheduler_reserve_full_isl) == (False, False, False)
     assert off.settings.max_model_len == 0            # no config.json, none stated: unknown
     d = s.as_dict()
     assert json.loads(json.dumps(d)) == d

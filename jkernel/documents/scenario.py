@@ -133,6 +133,7 @@ class Engine:
     allreduce_backend: str = ""
     disable_custom_all_reduce: bool | None = None
     async_scheduling: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
     disable_cascade_attn: bool | None = None
     enable_prefix_caching: bool | None = None
     dcp_comm_backend: str = ""
@@ -252,8 +253,8 @@ def _parse_engine(r: Reader | None) -> Engine:
     if kw["block_size"] and kw["block_size"] not in BLOCK_SIZES:
         raise r.error("block_size", f"vLLM does not start with block_size {kw['block_size']}; "
                       f"it accepts {', '.join(map(str, BLOCK_SIZES))}")
-    for key in ("disable_custom_all_reduce", "async_scheduling", "disable_cascade_attn",
-                "enable_prefix_caching", "dcp_q_replicate"):
+    for key in ("disable_custom_all_reduce", "async_scheduling", "scheduler_reserve_full_isl",
+                "disable_cascade_attn", "enable_prefix_caching", "dcp_q_replicate"):
         kw[key] = r.bool(key, None)
     s = r.sub("speculative")
     if s is not None:

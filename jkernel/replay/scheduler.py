@@ -20,12 +20,23 @@ Rules, each as vLLM v0.31.0 does it (FCFS policy, RECOMPUTE preemption, chunked 
 3. Waiting requests are admitted only in a step that preempted nobody, in FCFS order, while
    the budget lasts and fewer than ``max_num_seqs`` run; a prompt longer than the budget
    left is chunked. The first waiting request whose blocks do not fit stops admission
-   (no skipping ahead: FCFS).
+   (no skipping ahead: FCFS). With ``scheduler_reserve_full_isl`` (v0.31.0's default) the
+   blocks that must fit are those of the request's whole known sequence (its prompt, and
+   the tokens it sampled before a preemption), counting its prefix-cache hits, not only
+   those of the chunk it is given: ``allocate_slots(..., full_sequence_must_fit=True)`` on
+   the waiting path. Only the chunk's blocks are allocated; the rest is not reserved, so
+   running requests may still take them and preempt (rule 2).
 4. Prefix caching (when on): a request being admitted with nothing computed looks up its
-   full prompt blocks by hash, longest prefix first; a hit shares the block. At most
+   full blocks by hash, longest prefix first; a hit shares the block. At most
    ``num_tokens − 1`` tokens are hits, so the last one is always computed (it produces the
    logits). Freed blocks that hold a hash stay cached (evictable, least recently freed
-   first) until a new block is needed.
+   first; a request's blocks are freed tail first, so its prefix outlives its tail, as
+   ``KVCacheManager.free`` orders them) until a new block is needed. vLLM hashes every
+   full block of every request, its own content included: the blocks a preempted request
+   had computed stay cached like any freed block, and its re-admission hits those not yet
+   evicted (:meth:`Seq.block_hash`), so a preemption recomputes only what was evicted.
+   A request's cached-token count is that of its first admission (vLLM sets
+   ``num_cached_tokens`` once).
 """
 
 from __future__ import annotations
@@ -66,6 +77,13 @@ class Seq:
         self.cached_tokens = 0
         self.replica = None
 
+    def block_hash(self, j: int):
+        """The hash of the request's ``j``-th full block: its content hash where the
+        workload gives one (``hashes``), else a key of its own that no other request has
+        (content nobody shares, which only the request itself finds again, after a
+        preemption)."""
+        return self.hashes[j] if j < len(self.hashes) else ("own", self.rid, j)
+
 
 class PoolLimits:
     """The scheduler limits and KV geometry of one pool, read once from its kernel."""
@@ -84,6 +102,7 @@ class PoolLimits:
         self.prefix_caching = s.enable_prefix_caching
         self.async_scheduling = s.async_scheduling
         self.max_model_len = s.max_model_len or None
+        self.reserve_full_isl = s.scheduler_reserve_full_isl
         self.kernel = kernel
         self._pages_for: dict[int, int] = {}
         # For a plain paged KV cache a page holds block_size tokens exactly; then the page
@@ -94,8 +113,8 @@ class PoolLimits:
     @classmethod
     def manual(cls, *, block_size: int = 16, max_num_batched_tokens: int = 8192,
                max_num_seqs: int = 256, pages: int = 1000, prefix_caching: bool = True,
-               async_scheduling: bool = False, max_model_len: int | None = None
-               ) -> "PoolLimits":
+               async_scheduling: bool = False, max_model_len: int | None = None,
+               reserve_full_isl: bool = True) -> "PoolLimits":
         """Limits without a kernel (a paged cache of ``pages`` blocks): for tests and
         for studying the scheduler alone."""
         lim = cls.__new__(cls)
@@ -105,6 +124,7 @@ class PoolLimits:
         lim.prefix_caching, lim.async_scheduling = prefix_caching, async_scheduling
         lim.max_model_len, lim.kernel, lim._pages_for, lim._linear = (max_model_len, None,
                                                                        {}, True)
+        lim.reserve_full_isl = reserve_full_isl
         return lim
 
     def pages_for(self, tokens: int) -> int:
@@ -170,14 +190,26 @@ class Replica:
         seq.pages += need
         return True
 
+    def _admits(self, seq: Seq, hits: int = 0, touched: int = 0) -> bool:
+        """Whether ``seq``'s whole known sequence fits the blocks a new allocation may take
+        (the admission gate of rule 3): its pages for ``num_tokens`` tokens beyond its
+        ``hits`` cached prefix blocks, with its recurrent state if it holds nothing yet; a
+        hit block that is evictable (``touched`` of them) is taken out of the available
+        ones, as vLLM counts it as allocated."""
+        need = self.lim.pages_for(seq.num_tokens) - hits - seq.pages
+        if seq.pages == 0:
+            need += self.lim.fixed_pages
+        return need <= self.available() - touched
+
     def _lookup(self, seq: Seq) -> list:
         """Cached prefix blocks of ``seq`` (vLLM: at most num_tokens − 1 tokens hit)."""
-        if not (self.lim.prefix_caching and seq.hashes):
+        if not self.lim.prefix_caching:
             return []
-        limit = (seq.num_tokens - 1) // self.lim.block_size
+        cache = self.cache
         hits = []
-        for h in seq.hashes[:limit]:
-            if h not in self.cache:
+        for j in range((seq.num_tokens - 1) // self.lim.block_size):
+            h = seq.block_hash(j)
+            if h not in cache:
                 break
             hits.append(h)
         return hits
@@ -194,9 +226,10 @@ class Replica:
             seq.held.append(h)
 
     def release(self, seq: Seq) -> None:
-        """Free ``seq``'s blocks; its cached blocks stay cached until evicted."""
+        """Free ``seq``'s blocks, its last first; its cached blocks stay cached until
+        evicted."""
         private = seq.pages - len(seq.held)
-        for h in seq.held:
+        for h in reversed(seq.held):
             refs = self.cache[h] - 1
             self.cache[h] = refs
             if refs == 0:
@@ -206,7 +239,18 @@ class Replica:
         seq.held = []
 
     def _preempt(self, seq: Seq) -> None:
-        """RECOMPUTE preemption (vLLM v0.31.0 v1's only mode): free, reset, requeue first."""
+        """RECOMPUTE preemption (vLLM v0.31.0 v1's only mode): free, reset, requeue first.
+        With prefix caching its computed full blocks not cached yet are cached under their
+        hashes before they are freed (rule 4), as far as no other request holds the same
+        hash (a copy of a cached block stays private and ends the chain)."""
+        if self.lim.prefix_caching:
+            cache = self.cache
+            for j in range(len(seq.held), seq.computed // self.lim.block_size):
+                h = seq.block_hash(j)
+                if h in cache:
+                    break
+                cache[h] = 1
+                seq.held.append(h)
         self.release(seq)
         seq.computed = 0
         seq.preemptions += 1
@@ -285,6 +329,7 @@ class Replica:
                 pending.append(seq)
         # vLLM v0.31.0: no new request is admitted in a step that preempted one.
         if not preempted:
+            whole = lim.reserve_full_isl
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < lim.max_num_seqs:
                 seq = waiting[0]
@@ -296,7 +341,8 @@ class Replica:
                     n = min(seq.num_tokens - hit_tokens, budget)
                     touched = sum(1 for h in hits if h in self.evictable)
                     need = lim.pages_for(hit_tokens + n) - len(hits) + fixed
-                    if need > self.available() - touched:
+                    if need > self.available() - touched or (
+                            whole and not self._admits(seq, len(hits), touched)):
                         break
                     for h in hits:
                         if h in self.evictable:
@@ -305,11 +351,14 @@ class Replica:
                     seq.held = list(hits)
                     seq.pages = len(hits)
                     seq.computed = hit_tokens
-                    seq.cached_tokens = max(seq.cached_tokens, hit_tokens)
+                    if not seq.preemptions:       # vLLM keeps the first admission's count
+                        seq.cached_tokens = hit_tokens
                     self._take(need)
                     seq.pages += need
                 else:
                     n = min(seq.num_tokens - seq.computed, budget)   # chunked prefill
+                    if whole and not self._admits(seq):
+                        break
                     if not self._grow(seq, seq.computed + n):
                         break
                 waiting.popleft()

@@ -25,6 +25,12 @@ prices a named alternative to show its size, it changes nothing shipped):
   the conversations the client sent (what the replay ships) and with every prompt already
   cached (the same 252 requests replayed once before); the slope of TTFT over the prompt's
   length tells them apart at light load.
+* ``llmd_inflight``: every llm-d request's TTFT by the requests in flight when it was sent
+  (its client's view: sent and not yet finished), measured and as the shipped replay gives
+  it, over all 28 load points: where the API server's queue starts to show.
+* ``llmd_token``: the llm-d held-out TTFT error per load point with the API server's time
+  per streamed token as shipped and at named alternatives (a what-if: the loads near the
+  server's saturation move by tens of per cent for a few µs).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import pandas as pd
 
 from . import serving_runs as S
 
-__all__ = ["operating_point", "decode_attention", "moe", "workstation", "llmd_cache", "main"]
+__all__ = ["operating_point", "decode_attention", "moe", "workstation", "llmd_cache",
+           "llmd_inflight", "llmd_token", "main"]
 
 
 def _batch(k, contexts):
@@ -218,7 +225,58 @@ def llmd_cache(root: str | Path, loads=("4", "10", "24", "50", "75", "100")) -> 
     return pd.DataFrame(rows)
 
 
-TABLES = ("operating_point", "decode_attention", "moe", "workstation", "llmd_cache")
+def _in_flight(sent_s, e2e_s) -> np.ndarray:
+    """Per request, the requests sent before it and not finished when it is sent."""
+    sent = np.asarray(sent_s, float)
+    end = sent + np.asarray(e2e_s, float)
+    return np.array([int(np.sum((sent < t) & (end > t))) for t in sent])
+
+
+def llmd_inflight(root: str | Path, width: int = 20) -> pd.DataFrame:
+    """Mean TTFT (ms) of the llm-d requests by requests in flight at their send (bins of
+    ``width``), measured and replayed with the shipped constants, over every load point
+    (the warm-up turns are not counted, on either side)."""
+    k = S.open_kernel(S.LLMD)
+    meas, pred = [], []
+    for run in S.discover(root, ("llm-d",)):
+        m = pd.read_csv(run.requests)
+        meas.append(pd.DataFrame({"in_flight": _in_flight(m["arrival_time_us"] / 1e6,
+                                                          m["e2e_us"] / 1e6),
+                                  "ttft_ms": m["ttft_us"] / 1e3}))
+        t = S.replay_run(run, root, k)[1].requests
+        t = t[~t["warm_up"].astype(bool)]
+        pred.append(pd.DataFrame({"in_flight": _in_flight(t["arrival_s"], t["e2e_s"]),
+                                  "ttft_ms": t["ttft_s"] * 1e3}))
+    rows = []
+    for name, parts in (("measured", meas), ("replayed", pred)):
+        d = pd.concat(parts, ignore_index=True)
+        d["bin"] = d["in_flight"] // width * width
+        g = d.groupby("bin")["ttft_ms"]
+        rows.append(pd.DataFrame({f"{name}_requests": g.size(), f"{name}_ttft_ms": g.mean(),
+                                  f"{name}_ttft_p90_ms": g.quantile(0.9)}))
+    out = pd.concat(rows, axis=1).reset_index().rename(columns={"bin": "in_flight_from"})
+    return out.fillna(0)
+
+
+def llmd_token(root: str | Path, per_token_us=(170.0, 200.0)) -> pd.DataFrame:
+    """The llm-d held-out load points' mean TTFT error (%) with the shipped
+    ``host_api_server_per_token`` and with each of ``per_token_us`` instead (what-ifs;
+    everything else as shipped)."""
+    k = S.open_kernel(S.LLMD)
+    shipped = float(k.params["host_api_server_per_token"]) * 1e6
+    every = S.discover(root, ("llm-d",))
+    held = S.held_out("llm-d", [r.run for r in every])
+    runs = [r for r in every if r.run in held]
+    out = pd.DataFrame({"load": [r.run for r in runs]})
+    for us in (shipped, *per_token_us):
+        kk = k.with_params(k.params.replace(host_api_server_per_token=us * 1e-6))
+        out[f"ttft_error_{us:g}us_pct"] = [
+            100 * float(S.replay_run(r, root, kk)[0]["ttft_mean_error"].iloc[0]) for r in runs]
+    return out
+
+
+TABLES = ("operating_point", "decode_attention", "moe", "workstation", "llmd_cache",
+          "llmd_inflight", "llmd_token")
 
 
 def main(argv=None) -> int:
@@ -235,7 +293,9 @@ def main(argv=None) -> int:
     calls = {"operating_point": lambda: operating_point(a.data),
              "decode_attention": lambda: decode_attention(a.profiles),
              "moe": lambda: moe(a.profiles), "workstation": lambda: workstation(a.data),
-             "llmd_cache": lambda: llmd_cache(a.data)}
+             "llmd_cache": lambda: llmd_cache(a.data),
+             "llmd_inflight": lambda: llmd_inflight(a.data),
+             "llmd_token": lambda: llmd_token(a.data)}
     for name in a.only:
         print(f"## {name}")
         print(calls[name]().to_string(index=False, float_format=lambda x: f"{x:.3f}"))

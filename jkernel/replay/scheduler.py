@@ -206,9 +206,16 @@ class Replica:
         if not self.lim.prefix_caching:
             return []
         cache = self.cache
+        limit = (seq.num_tokens - 1) // self.lim.block_size
+        shared = seq.hashes
         hits = []
-        for j in range((seq.num_tokens - 1) // self.lim.block_size):
-            h = seq.block_hash(j)
+        for h in shared[:limit]:               # Seq.block_hash, unrolled (the hot path)
+            if h not in cache:
+                return hits
+            hits.append(h)
+        rid = seq.rid
+        for j in range(len(shared), limit):
+            h = ("own", rid, j)
             if h not in cache:
                 break
             hits.append(h)

@@ -178,10 +178,16 @@ class Replica:
             h, _ = self.evictable.popitem(last=False)
             del self.cache[h]
 
-    def _grow(self, seq: Seq, tokens: int) -> bool:
+    def _need(self, seq: Seq, tokens: int) -> int:
+        """Pages ``seq`` must take to hold ``tokens`` tokens: beyond those it holds, and its
+        recurrent state if it holds nothing yet (charged at admission)."""
         need = self.lim.pages_for(tokens) - seq.pages
-        if seq.pages == 0 and self.lim.fixed_pages:
-            need += self.lim.fixed_pages          # recurrent state, charged at admission
+        if seq.pages == 0:
+            need += self.lim.fixed_pages
+        return need
+
+    def _grow(self, seq: Seq, tokens: int) -> bool:
+        need = self._need(seq, tokens)
         if need <= 0:
             return True
         if need > self.available():
@@ -189,17 +195,6 @@ class Replica:
         self._take(need)
         seq.pages += need
         return True
-
-    def _admits(self, seq: Seq, hits: int = 0, touched: int = 0) -> bool:
-        """Whether ``seq``'s whole known sequence fits the blocks a new allocation may take
-        (the admission gate of rule 3): its pages for ``num_tokens`` tokens beyond its
-        ``hits`` cached prefix blocks, with its recurrent state if it holds nothing yet; a
-        hit block that is evictable (``touched`` of them) is taken out of the available
-        ones, as vLLM counts it as allocated."""
-        need = self.lim.pages_for(seq.num_tokens) - hits - seq.pages
-        if seq.pages == 0:
-            need += self.lim.fixed_pages
-        return need <= self.available() - touched
 
     def _lookup(self, seq: Seq) -> list:
         """Cached prefix blocks of ``seq`` (vLLM: at most num_tokens − 1 tokens hit)."""
@@ -209,13 +204,12 @@ class Replica:
         limit = (seq.num_tokens - 1) // self.lim.block_size
         shared = seq.hashes
         hits = []
-        for h in shared[:limit]:               # Seq.block_hash, unrolled (the hot path)
+        for h in shared[:limit]:               # Seq.block_hash, inline (the hot path)
             if h not in cache:
                 return hits
             hits.append(h)
-        rid = seq.rid
-        for j in range(len(shared), limit):
-            h = ("own", rid, j)
+        for j in range(len(shared), limit):  # a request's own blocks: cached only if preempted
+            h = seq.block_hash(j)
             if h not in cache:
                 break
             hits.append(h)
@@ -346,10 +340,13 @@ class Replica:
                 if hits:
                     hit_tokens = len(hits) * bs
                     n = min(seq.num_tokens - hit_tokens, budget)
+                    # an evictable hit becomes allocated: vLLM counts it against the free
+                    # blocks; with the whole-sequence check (rule 3) the gate is the pages
+                    # of all its tokens, else those of this chunk
                     touched = sum(1 for h in hits if h in self.evictable)
-                    need = lim.pages_for(hit_tokens + n) - len(hits) + fixed
-                    if need > self.available() - touched or (
-                            whole and not self._admits(seq, len(hits), touched)):
+                    need = self._need(seq, hit_tokens + n) - len(hits)
+                    gate = self._need(seq, seq.num_tokens) - len(hits) if whole else need
+                    if gate > self.available() - touched:
                         break
                     for h in hits:
                         if h in self.evictable:
@@ -364,7 +361,7 @@ class Replica:
                     seq.pages += need
                 else:
                     n = min(seq.num_tokens - seq.computed, budget)   # chunked prefill
-                    if whole and not self._admits(seq):
+                    if whole and self._need(seq, seq.num_tokens) > self.available():
                         break
                     if not self._grow(seq, seq.computed + n):
                         break
